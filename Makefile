@@ -1,0 +1,43 @@
+# tritonllm: `make serve` serves the demo model end to end; `make test` runs the whole test suite.
+# Both create/reuse the project virtualenv (.venv) and install what is needed first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (pip picks the +cpu wheel where one is on the pip find-links path; elsewhere set
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu to avoid pulling the CUDA build).
+TORCH_SPEC ?= torch==2.13.0
+# The embedded tritonserver (nvidia-pytriton wheel) is installed only where no tritonserver is on PATH.
+comma := ,
+EXTRAS := test$(if $(shell command -v tritonserver 2>/dev/null),,$(comma)server)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+
+.PHONY: setup demo-model serve test unit clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: apt-get install python3-venv"; exit 1; }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo-model: setup
+	$(BIN)/python -m build_engines demo
+
+serve: setup
+	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+
+clean:
+	rm -rf build .pytest_cache

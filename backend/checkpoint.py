@@ -1,0 +1,26 @@
+"""Load a TensorRT-LLM-layout checkpoint directory (config.json + rank0.safetensors) into the torch model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from backend.model import LlamaForCausalLM
+from backend.model_config import ModelConfig
+
+
+def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
+    ckpt_dir = Path(ckpt_dir)
+    cfg = ModelConfig.from_checkpoint(ckpt_dir)
+    weights_file = ckpt_dir / "rank0.safetensors"
+    if not weights_file.is_file():
+        raise FileNotFoundError(f"{weights_file} not found: not a TensorRT-LLM checkpoint directory")
+    model = LlamaForCausalLM(cfg)
+    state = load_file(str(weights_file))
+    expected = set(model.state_dict().keys())
+    missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise ValueError(f"{weights_file}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
+    model.load_state_dict(state, strict=True)
+    return model.to(device=device, dtype=cfg.torch_dtype).eval()

@@ -1,0 +1,142 @@
+"""The engine: step() = schedule -> run model -> sample -> post-process -> emit."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backend.block_manager import BlockManager
+from backend.checkpoint import load_model
+from backend.config import EngineConfig
+from backend.model_runner import ModelRunner
+from backend.sampler import sample
+from backend.sampling_params import InvalidRequestError
+from backend.scheduler import Scheduler
+from backend.sequence import FinishReason, Request, Sequence, SeqStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request: its new tokens, and whether it is done."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_log_probs: list[float]
+    finished: bool
+    finish_reason: FinishReason | None
+    num_input_tokens: int
+    num_output_tokens: int
+    cum_log_prob: float | None = None
+
+
+class LLMEngine:
+    def __init__(self, ckpt_dir: Path, config: EngineConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = load_model(ckpt_dir, self.device)
+        cfg = self.model.config
+        if config.max_seq_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings "
+                f"({cfg.max_position_embeddings})"
+            )
+        self.blocks = BlockManager(config.num_kv_blocks, config.tokens_per_block)
+        self.runner = ModelRunner(self.model, self.blocks, self.device)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.sequences: dict[str, Sequence] = {}
+        log.info(
+            "KV cache: %d blocks x %d tokens = %d tokens, %d bytes/token (2 x %d layers x %d kv heads x %d dims x %s), %.1f MiB",
+            self.blocks.num_blocks, self.blocks.block_size, self.blocks.num_blocks * self.blocks.block_size,
+            cfg.kv_bytes_per_token, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_size, cfg.dtype,
+            self.runner.kv.bytes / 2**20,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def validate(self, request: Request) -> None:
+        """Refuse at admission what could never run (raises InvalidRequestError naming the limit)."""
+        n, cfg = len(request.prompt_ids), self.config
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: at least one input token is needed")
+        if n > cfg.max_input_len:
+            raise InvalidRequestError(f"the prompt has {n} tokens, more than max_input_len ({cfg.max_input_len})")
+        if request.sampling.max_tokens > cfg.max_output_len:
+            raise InvalidRequestError(
+                f"max_tokens ({request.sampling.max_tokens}) exceeds the limit ({cfg.max_output_len})"
+            )
+        if n + request.sampling.max_tokens > cfg.max_seq_len:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds max_seq_len ({cfg.max_seq_len})"
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"input token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if request.request_id in self.sequences:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in flight")
+
+    def add_request(self, request: Request) -> None:
+        self.validate(request)
+        seq = Sequence.from_request(request)
+        self.sequences[request.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
+        return self._output(seq, [], [])
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits = self.runner.run(batch)
+        sampling = [item.seq for item in batch if item.samples]
+        for item in batch:
+            item.seq.num_computed_tokens = item.end
+        outputs = []
+        for seq, result in zip(sampling, sample(logits, sampling)):
+            seq.append(result.token, result.log_prob)
+            new = seq.output_ids[-1:] if seq.finish_reason is not FinishReason.END_ID else []
+            lps = seq.output_log_probs[-1:] if new and result.log_prob is not None else []
+            if seq.status is SeqStatus.FINISHED:
+                self.scheduler.finish(seq)
+                del self.sequences[seq.request_id]
+            outputs.append(self._output(seq, new, lps))
+        return outputs
+
+    def _output(self, seq: Sequence, new: list[int], lps: list[float]) -> RequestOutput:
+        cum = sum(seq.output_log_probs) if seq.request.sampling.return_log_probs else None
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new,
+            new_log_probs=lps,
+            finished=seq.status is SeqStatus.FINISHED,
+            finish_reason=seq.finish_reason,
+            num_input_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            cum_log_prob=cum,
+        )
+
+    def generate(self, requests: list[Request]) -> dict[str, list[int]]:
+        """Run requests to completion in-process (tests, benchmarks): request id -> output token ids."""
+        for r in requests:
+            self.add_request(r)
+        out: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        while self.has_work():
+            for o in self.step():
+                out[o.request_id].extend(o.new_token_ids)
+        return out

@@ -1,0 +1,5 @@
+import sys
+
+from ensembles.cli import main
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""`python -m ensembles {render,serve}`: render the model repository, serve it with tritonserver."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from ensembles import artifacts
+from ensembles.render import REPO_ROOT, RepoSpec, render
+from ensembles.server import ServerOptions, find_tritonserver, server_command, server_env
+
+DEFAULT_REPO_OUT = REPO_ROOT / "build" / "model_repository"
+# RepoSpec fields settable from the command line (--max-batch-size 8 ...).
+_TUNABLE = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
+            "max_tokens_in_paged_kv_cache", "batch_scheduler_policy", "engine_device", "engine_threads",
+            "exclude_input_in_output")
+
+
+
+def _bool(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return value.lower() == "true"
+
+
+def _arg_type(annotation: str):
+    return _bool if annotation == "bool" else int if "int" in annotation else str
+
+
+_ARG_TYPES = {f.name: _arg_type(str(f.type)) for f in fields(RepoSpec)}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ensembles", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("render", "write a servable model repository"),
+                            ("serve", "render (unless --model-repository) and run tritonserver in the foreground")):
+        p = sub.add_parser(name, help=help_text)
+        src = p.add_mutually_exclusive_group()
+        src.add_argument("--demo", action="store_true", help="the demo model (trained and cached on first use)")
+        src.add_argument("--hf", type=Path, help="a Hugging Face Llama checkpoint directory")
+        src.add_argument("--engine-dir", type=Path, help="a TensorRT-LLM-layout checkpoint (with --tokenizer-dir)")
+        p.add_argument("--tokenizer-dir", type=Path)
+        p.add_argument("--out", type=Path, default=DEFAULT_REPO_OUT, help="where the repository is rendered")
+        for field_name in _TUNABLE:
+            p.add_argument(f"--{field_name.replace('_', '-')}", dest=field_name, default=None,
+                           type=_ARG_TYPES[field_name], metavar=field_name.upper())
+        if name == "serve":
+            p.add_argument("--model-repository", type=Path, help="serve this repository as it is")
+            p.add_argument("--http-port", type=int, default=int(os.environ.get("TRITON_HTTP_PORT", 8000)))
+            p.add_argument("--grpc-port", type=int, default=int(os.environ.get("TRITON_GRPC_PORT", 8001)))
+            p.add_argument("--metrics-port", type=int, default=int(os.environ.get("TRITON_METRICS_PORT", 8002)))
+            p.add_argument("--log-verbose", type=int, default=0)
+    return parser
+
+
+def _artifacts(args) -> artifacts.ModelArtifacts:
+    if args.hf:
+        return artifacts.from_hf(args.hf)
+    if args.engine_dir:
+        if not args.tokenizer_dir:
+            raise SystemExit("--engine-dir needs --tokenizer-dir")
+        return artifacts.ModelArtifacts(args.engine_dir, args.tokenizer_dir)
+    return artifacts.demo()
+
+
+def _render(args) -> Path:
+    model = _artifacts(args)
+    overrides = {k: getattr(args, k) for k in _TUNABLE if getattr(args, k) is not None}
+    spec = RepoSpec(engine_dir=model.engine_dir, tokenizer_dir=model.tokenizer_dir, **overrides)
+    return render(spec, args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        repo = args.model_repository if getattr(args, "model_repository", None) else _render(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "render":
+        print(repo)
+        return 0
+    opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose)
+    install = find_tritonserver()
+    cmd = server_command(install, opts)
+    print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}",
+          file=sys.stderr, flush=True)
+    # Replace this process: Ctrl-C reaches tritonserver, which drains in-flight requests and exits cleanly.
+    os.execve(cmd[0], cmd, server_env(install))
+    return 0  # not reached

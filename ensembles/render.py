@@ -1,0 +1,113 @@
+"""Fill the model repository templates (config.pbtxt files with ${name} placeholders, like tensorrtllm_backend's
+fill_template.py) into a servable Triton model repository."""
+from __future__ import annotations
+
+import shutil
+import string
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = REPO_ROOT / "model_repository"
+PYTHON_MODELS = ("preprocessing", "tensorrt_llm", "postprocessing")
+ENSEMBLE_MODELS = PYTHON_MODELS + ("ensemble",)
+
+
+@dataclass(frozen=True)
+class RepoSpec:
+    """Values of the template placeholders; field names are the placeholder names."""
+
+    engine_dir: Path  # TensorRT-LLM checkpoint directory the tensorrt_llm model serves
+    tokenizer_dir: Path  # HF tokenizer files (tokenizer.json, ...)
+    triton_max_batch_size: int = 64  # rows in one Triton request
+    max_batch_size: int = 16  # sequences in the engine's running batch
+    max_input_len: int = 1024
+    max_seq_len: int = 2048
+    max_num_tokens: int = 2048
+    tokens_per_block: int = 32
+    max_tokens_in_paged_kv_cache: int | None = None
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    enable_kv_cache_reuse: bool = False
+    enable_chunked_context: bool = True
+    exclude_input_in_output: bool = True
+    cancellation_check_period_ms: int = 100
+    preprocessing_instance_count: int = 1
+    add_special_tokens: bool = False
+    engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: CUDA when present
+    engine_threads: int | None = None
+    # Folders the Python backend's interpreter must see (the project, its virtualenv's site-packages).
+    python_paths: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name in ("triton_max_batch_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
+            raise ValueError(f"batch_scheduler_policy must be guaranteed_no_evict or max_utilization, "
+                             f"got {self.batch_scheduler_policy!r}")
+        if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:
+            raise ValueError(f"kv_cache_free_gpu_mem_fraction must be in (0, 1], got {self.kv_cache_free_gpu_mem_fraction}")
+        if not (Path(self.engine_dir) / "config.json").is_file():
+            raise ValueError(f"engine_dir {self.engine_dir} holds no config.json: build or convert a checkpoint first")
+        if not (Path(self.tokenizer_dir) / "tokenizer.json").is_file() and not any(Path(self.tokenizer_dir).glob("tokenizer*")):
+            raise ValueError(f"tokenizer_dir {self.tokenizer_dir} holds no tokenizer files")
+
+    def placeholders(self) -> dict[str, str]:
+        values = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, bool):
+                values[key] = "true" if value else "false"
+            elif value is None:
+                values[key] = ""
+            elif isinstance(value, Path):
+                values[key] = str(Path(value).resolve())
+            else:
+                values[key] = str(value)
+        return values
+
+
+def fill_template(text: str, values: dict[str, str], source: Path) -> str:
+    missing = sorted({m.group("braced") for m in string.Template.pattern.finditer(text)
+                      if m.group("braced") and m.group("braced") not in values})
+    if missing:
+        raise ValueError(f"{source}: no value for placeholders {missing}")
+    return string.Template(text).substitute(values)
+
+
+def env_module(python_paths: tuple[str, ...]) -> str:
+    """tritonllm_env.py: the Python backend's embedded interpreter ignores PYTHONPATH, so each model imports this
+    first to see the project and its virtualenv (site.addsitedir also reads the .pth of an editable install)."""
+    lines = ['"""Rendered by ensembles/render.py: makes tritonllm importable in the Python backend."""', "import site",
+             "import sys", ""]
+    for path in python_paths:
+        lines.append(f"site.addsitedir({path!r})")
+        lines.append(f"if {path!r} not in sys.path:\n    sys.path.insert(0, {path!r})")
+    return "\n".join(lines) + "\n"
+
+
+def default_python_paths() -> tuple[str, ...]:
+    import sysconfig
+
+    return (str(REPO_ROOT), sysconfig.get_paths()["purelib"])
+
+
+def render(spec: RepoSpec, out_dir: Path, models: tuple[str, ...] = ENSEMBLE_MODELS) -> Path:
+    """Write a servable model repository to out_dir (replacing the models it renders)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    values = spec.placeholders()
+    paths = spec.python_paths or default_python_paths()
+    for model in models:
+        src, dst = TEMPLATES / model, out_dir / model
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        config = dst / "config.pbtxt"
+        config.write_text(fill_template(config.read_text(), values, src / "config.pbtxt"))
+        (dst / "1").mkdir(exist_ok=True)  # the ensemble's version folder is empty, and git keeps no empty folders
+        if model in PYTHON_MODELS:
+            (dst / "tritonllm_env.py").write_text(env_module(paths))
+    return out_dir
+

@@ -1,0 +1,120 @@
+"""Triton adapter for the in-flight-batched LLM: requests go to the engine's thread, responses stream back.
+
+Decoupled: each request gets its responses through its response sender, from the engine thread; execute()
+returns at once. The engine, its scheduler and the tensor contract live in backend/ (unit-tested without Triton).
+"""
+import json
+import threading
+import uuid
+
+import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
+import triton_python_backend_utils as pb_utils
+
+from backend.engine import LLMEngine, RequestOutput
+from backend.engine_loop import EngineLoop
+from backend.sampling_params import InvalidRequestError
+from backend.sequence import FinishReason, Request
+from backend.serving_config import ServingConfig
+from backend.triton_io import RowStream, parse_request
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _ResponseGroup:
+    """The rows of one Triton request share its sender; the last row to finish sends the FINAL flag."""
+
+    def __init__(self, sender, rows: int, on_done) -> None:
+        self.sender = sender
+        self.remaining = rows
+        self.on_done = on_done
+        self.lock = threading.Lock()
+
+    def send(self, response, row_done: bool) -> None:
+        with self.lock:
+            if row_done:
+                self.remaining -= 1
+            last = self.remaining == 0
+            if response is None and not last:
+                return
+            self.sender.send(response, flags=_FINAL if last else 0)
+        if last:
+            self.on_done()
+
+
+class _RowSink:
+    """engine_loop.OutputSink for one batch row."""
+
+    def __init__(self, group: _ResponseGroup, stream: RowStream) -> None:
+        self.group = group
+        self.stream = stream
+
+    def emit(self, output: RequestOutput) -> None:
+        if output.finish_reason is FinishReason.CANCELLED and self.group.sender.is_cancelled():
+            error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+            self.group.send(pb_utils.InferenceResponse(error=error), row_done=True)
+            return
+        tensors = self.stream.on_output(output)
+        response = None
+        if tensors is not None:
+            response = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in tensors.items()])
+        self.group.send(response, row_done=output.finished)
+
+    def fail(self, error: Exception) -> None:
+        code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidRequestError) else pb_utils.TritonError.INTERNAL
+        self.group.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code)), row_done=True)
+
+    def cancelled(self) -> bool:
+        return self.group.sender.is_cancelled()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.input_names = [i["name"] for i in config["input"]]
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.serving = ServingConfig.from_parameters(params)
+        self.engine = LLMEngine(self.serving.engine_dir, self.serving.engine)
+        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s)
+        # Triton request id -> engine request ids, for the anchor's `stop` input.
+        self.by_triton_id = {}
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            inputs = {}
+            for name in self.input_names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    inputs[name] = tensor.as_numpy()
+            if inputs.get("stop") is not None and bool(inputs["stop"].reshape(-1)[0]):
+                self._stop(request.request_id(), sender)
+                continue
+            try:
+                rows = parse_request(inputs, self.serving.exclude_input_in_output)
+            except InvalidRequestError as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
+                continue
+            self._submit(request.request_id(), sender, rows)
+        return None
+
+    def _submit(self, triton_id, sender, rows):
+        ids = [f"{triton_id or 'req'}-{uuid.uuid4().hex[:12]}" for _ in rows]
+        if triton_id:
+            self.by_triton_id[triton_id] = ids
+        group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
+        for index, (engine_id, row) in enumerate(zip(ids, rows)):
+            request = Request(engine_id, row.prompt_ids, row.sampling)
+            self.loop.submit(request, _RowSink(group, RowStream(row, index)))
+
+    def _forget(self, triton_id, ids):
+        if triton_id and self.by_triton_id.get(triton_id) is ids:
+            del self.by_triton_id[triton_id]
+
+    def _stop(self, triton_id, sender):
+        for engine_id in self.by_triton_id.pop(triton_id, []):
+            self.loop.cancel(engine_id)
+        sender.send(None, flags=_FINAL)
+
+    def finalize(self):
+        self.loop.shutdown()

@@ -1,0 +1,96 @@
+"""Shared fixtures of the unit suite: the demo tokenizer, a tiny random Llama (HF and TRT-LLM layouts), engines
+built on it, and factories for the engine core's boundary objects."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine, RequestOutput
+from backend.sampling_params import SamplingParams
+from backend.sequence import Request, Sequence
+from build_engines.convert import convert_hf_to_trtllm
+from build_engines.random_model import make_tiny_random
+from build_engines.tokenizer import build_tokenizer
+
+# Small limits so a test engine allocates little KV and its HF reference runs in milliseconds.
+TEST_ENGINE_LIMITS = dict(max_batch_size=4, max_num_tokens=256, max_input_len=96, max_seq_len=160, tokens_per_block=8)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    return build_tokenizer()  # trained once, then read from the build cache
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    return make_tiny_random(tmp_path_factory.mktemp("tiny") / "hf", tokenizer_dir, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt_dir(tmp_path_factory, tiny_hf_dir) -> Path:
+    return convert_hf_to_trtllm(tiny_hf_dir, tmp_path_factory.mktemp("tiny") / "ckpt", dtype="float32")
+
+
+@pytest.fixture
+def make_engine(tiny_ckpt_dir) -> Callable[..., LLMEngine]:
+    """LLMEngine over the tiny checkpoint: TEST_ENGINE_LIMITS, any EngineConfig field overridable."""
+
+    def make(**overrides) -> LLMEngine:
+        return LLMEngine(tiny_ckpt_dir, EngineConfig(**{**TEST_ENGINE_LIMITS, **overrides}))
+
+    return make
+
+
+def random_prompts(lengths: list[int], vocab_size: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """Prompts of the given lengths, ids drawn from [1, vocab) (0 is the end-of-text token)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(1, vocab_size, (n,), generator=gen).tolist()) for n in lengths]
+
+
+@pytest.fixture
+def prompts() -> Callable[..., list[tuple[int, ...]]]:
+    return random_prompts
+
+
+def run_to_end(engine: LLMEngine, requests: list[Request]) -> dict[str, list[RequestOutput]]:
+    """Add requests and step the engine until idle: request id -> every RequestOutput it produced."""
+    for r in requests:
+        engine.add_request(r)
+    outputs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in requests}
+    while engine.has_work():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    return outputs
+
+
+@pytest.fixture
+def run_engine() -> Callable[[LLMEngine, list[Request]], dict[str, list[RequestOutput]]]:
+    return run_to_end
+
+
+def assert_kv_idle(engine_or_blocks) -> None:
+    """Every KV block is back in the pool and none is reserved."""
+    blocks = getattr(engine_or_blocks, "blocks", engine_or_blocks)
+    assert blocks.num_free_blocks == blocks.num_blocks
+    assert blocks.num_unreserved_free_blocks == blocks.num_blocks
+
+
+@pytest.fixture
+def kv_idle() -> Callable[[object], None]:
+    return assert_kv_idle
+
+
+@pytest.fixture
+def make_seq() -> Callable[..., Sequence]:
+    """Sequence for a request: make_seq("a", prompt_len=5, max_tokens=3, temperature=0.7, ...) or prompt_ids=(...)."""
+
+    def make(request_id: str = "r", prompt_len: int = 4, max_tokens: int = 4,
+             prompt_ids: tuple[int, ...] | None = None, **sampling) -> Sequence:
+        ids = tuple(prompt_ids) if prompt_ids is not None else tuple(range(1, prompt_len + 1))
+        return Sequence.from_request(Request(request_id, ids, SamplingParams(max_tokens=max_tokens, **sampling)))
+
+    return make

@@ -1,0 +1,65 @@
+"""One real tritonserver per test session, serving the demo model's ensemble; HF transformers as the oracle."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ensembles import artifacts
+from ensembles.render import RepoSpec, render
+from ensembles.server import ServerOptions, TritonServer
+
+# Limits the server is rendered with; tests check the errors at these limits.
+MAX_INPUT_LEN = 512
+MAX_SEQ_LEN = 1024
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="session")
+def demo() -> artifacts.ModelArtifacts:
+    """The trained demo model; TRITONLLM_TEST_HF=<HF checkpoint dir> serves another one (e.g. a quick tiny one)."""
+    override = os.environ.get("TRITONLLM_TEST_HF")
+    return artifacts.from_hf(Path(override)) if override else artifacts.demo()
+
+
+@pytest.fixture(scope="session")
+def hf(demo):
+    """(model, tokenizer) of the same checkpoint, float32: the correctness oracle."""
+    tok = AutoTokenizer.from_pretrained(str(demo.tokenizer_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(demo.tokenizer_dir), dtype=torch.float32).eval()
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def server(demo, tmp_path_factory) -> TritonServer:
+    root = tmp_path_factory.mktemp("triton")
+    spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=24,
+                    max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN, max_num_tokens=1024,
+                    cancellation_check_period_ms=20)
+    repo = render(spec, root / "model_repository")
+    http, grpc, metrics = _free_ports(3)
+    srv = TritonServer(ServerOptions(repo, http, grpc, metrics), log_path=root / "tritonserver.log")
+    srv.start(ready_timeout_s=300, models=("ensemble", "tensorrt_llm", "preprocessing", "postprocessing"))
+    yield srv
+    srv.stop()
+    log = Path(root / "tritonserver.log").read_text(errors="replace")
+    assert "Segmentation fault" not in log and "Traceback" not in log, log[-4000:]
