@@ -8,6 +8,9 @@ token that completes it arrives, or the stream ends.
 
 Invariant: for output tokens split into chunks c1..cn, with context_k = the last CONTEXT_TOKENS tokens before ck,
     "".join(decode_delta(tok, context_k, ck, final=(k == n))) == tok.decode(c1 + ... + cn)
+It holds for any ids under a byte-level decoder (invalid bytes become U+FFFD locally), and for ids that spell
+valid UTF-8 under a byte-fallback one, which turns a whole run of byte tokens with an invalid byte into U+FFFD:
+no bounded context reproduces that.
 """
 from __future__ import annotations
 

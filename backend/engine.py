@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +71,25 @@ class LLMEngine:
             raise InvalidRequestError(f"the prompt has {n} tokens, more than max_input_len ({cfg.max_input_len})")
         if request.sampling.max_tokens > cfg.max_output_len:
             raise InvalidRequestError(
-                f"max_tokens ({request.sampling.max_tokens}) exceeds the limit ({cfg.max_output_len})"
+                f"max_tokens ({request.sampling.max_tokens}) exceeds max_output_len ({cfg.max_output_len})"
             )
         if n + request.sampling.max_tokens > cfg.max_seq_len:
             raise InvalidRequestError(
                 f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds max_seq_len ({cfg.max_seq_len})"
             )
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"input token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        self._check_vocab("input token ids", request.prompt_ids)
+        # The sampler indexes logits with these: an id outside the vocabulary would fail the whole batch's step.
+        sampling = request.sampling
+        self._check_vocab("end_id", [] if sampling.end_id is None else [sampling.end_id])
+        self._check_vocab("stop word ids", [t for w in sampling.stop_words for t in w])
+        self._check_vocab("bad word ids", [t for w in sampling.bad_words for t in w])
         if request.request_id in self.sequences:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in flight")
+
+    def _check_vocab(self, what: str, ids: Iterable[int]) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
 
     def add_request(self, request: Request) -> None:
         self.validate(request)

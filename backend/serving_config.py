@@ -8,10 +8,12 @@ from typing import Mapping
 from backend.config import EngineConfig, SchedulerPolicy
 
 
-def _flag(value: str, name: str) -> bool:
+def _flag(value: str, name: str, default: bool) -> bool:
+    if not value.strip():
+        return default  # unset, or an unrendered ${...} placeholder
     if value.lower() in ("true", "1", "yes"):
         return True
-    if value.lower() in ("false", "0", "no", ""):
+    if value.lower() in ("false", "0", "no"):
         return False
     raise ValueError(f"parameter {name} must be true or false, got {value!r}")
 
@@ -41,13 +43,13 @@ class ServingConfig:
             tokens_per_block=int(p.get("tokens_per_block") or 32),
             max_tokens_in_paged_kv_cache=_int_or_none(p.get("max_tokens_in_paged_kv_cache", "")),
             policy=SchedulerPolicy(p.get("batch_scheduler_policy") or "guaranteed_no_evict"),
-            enable_chunked_context=_flag(p.get("enable_chunked_context", "true"), "enable_chunked_context"),
+            enable_chunked_context=_flag(p.get("enable_chunked_context", ""), "enable_chunked_context", True),
             device=p.get("engine_device") or "auto",
             num_threads=_int_or_none(p.get("engine_threads", "")),
         )
         return cls(
             engine_dir=Path(p["gpt_model_path"]),
             engine=engine,
-            exclude_input_in_output=_flag(p.get("exclude_input_in_output", "true"), "exclude_input_in_output"),
+            exclude_input_in_output=_flag(p.get("exclude_input_in_output", ""), "exclude_input_in_output", True),
             cancellation_check_period_s=int(p.get("cancellation_check_period_ms") or 100) / 1000.0,
         )

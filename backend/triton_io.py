@@ -94,7 +94,7 @@ def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, defa
         max_tokens=max_tokens,
         temperature=_scalar(inputs, "temperature", row, float, 1.0),
         top_k=_scalar(inputs, "runtime_top_k", row, int, 0),
-        top_p=_scalar(inputs, "runtime_top_p", row, float),
+        top_p=_scalar(inputs, "runtime_top_p", row, float),  # 0 is refused: leave top_p out for no nucleus limit
         seed=seed,
         end_id=_scalar(inputs, "end_id", row, int),
         min_tokens=_scalar(inputs, "min_tokens", row, int, 0),

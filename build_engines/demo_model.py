@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, LlamaForCausalLM
 
 from .cache import build_once, default_cache_root, short_hash
 from .corpus import CorpusSpec, heldout_text, training_texts
@@ -87,26 +87,29 @@ def build_demo_model(cache_root: Path | None = None, recipe: DemoRecipe = DemoRe
 
 
 def _train_and_save(recipe: DemoRecipe, tokenizer_dir: Path, hf_dir: Path) -> dict:
-    log = lambda msg: print(f"[demo] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     tokens = encode_corpus(tokenizer_dir, training_texts(recipe.corpus))
     model = new_model(recipe.model, tokenizer_dir, recipe.seed, initializer_range=0.02)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"corpus {len(tokens):,} tokens; model {n_params / 1e6:.2f}M parameters; recipe {recipe.fingerprint()}")
+    _log(f"corpus {len(tokens):,} tokens; model {n_params / 1e6:.2f}M parameters; recipe {recipe.fingerprint()}")
     result = train_model(model, tokens, recipe.train, recipe.seed)
     stats = _evaluate(model, tokenizer_dir, recipe, result)
     stats["parameters"] = n_params
     stats["corpus_tokens"] = len(tokens)
-    log(f"trained {result.tokens_seen:,} tokens in {result.seconds:.0f}s; final train loss "
+    _log(f"trained {result.tokens_seen:,} tokens in {result.seconds:.0f}s; final train loss "
         f"{stats['final_train_loss']:.3f}; held-out loss {stats['heldout_loss']:.3f} "
         f"(ppl {stats['heldout_perplexity']:.1f})")
     for prompt, text in stats["samples"].items():
-        log(f"greedy sample for {prompt!r}:\n{text}\n---")
+        _log(f"greedy sample for {prompt!r}:\n{text}\n---")
     save_model(model, tokenizer_dir, hf_dir)
     (hf_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
     return stats
 
 
-def _evaluate(model, tokenizer_dir: Path, recipe: DemoRecipe, result: TrainResult) -> dict:
+def _log(message: str) -> None:
+    print(f"[demo] {message}", file=sys.stderr, flush=True)
+
+
+def _evaluate(model: LlamaForCausalLM, tokenizer_dir: Path, recipe: DemoRecipe, result: TrainResult) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     heldout = encode_corpus(tokenizer_dir, [heldout_text(HELDOUT_CHARS, recipe.corpus)])
     with torch.no_grad():

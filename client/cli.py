@@ -18,7 +18,7 @@ from client.response import TextChunk
 SAMPLING_FLAGS: list[tuple[str, type, str]] = [
     ("--temperature", float, "sampling temperature"),
     ("--top-k", int, "sample from the k most likely tokens (0 = off)"),
-    ("--top-p", float, "nucleus sampling probability mass, in [0, 1]"),
+    ("--top-p", float, "nucleus sampling probability mass, in (0, 1]"),
     ("--seed", int, "random seed"),
     ("--end-id", int, "end-of-sequence token id (default: the tokenizer's)"),
     ("--pad-id", int, "padding token id"),

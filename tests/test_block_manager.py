@@ -48,7 +48,7 @@ def test_slot_maps_positions_through_the_block_table(make_seq):
     assert a.block_table == [0, 2, 3] and b.block_table == [1]
     assert [blocks.slot(a, p) for p in range(9)] == [0, 1, 2, 3, 8, 9, 10, 11, 12]
     assert [blocks.slot(b, p) for p in range(4)] == [4, 5, 6, 7]
-    assert blocks.blocks_for(0) == 0 and blocks.blocks_for(1) == 1 and blocks.blocks_for(4) == 1 and blocks.blocks_for(5) == 2
+    assert [blocks.blocks_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
 
 
 def test_freed_blocks_are_reused(make_seq):

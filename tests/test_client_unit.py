@@ -46,6 +46,7 @@ from client.sse import parse_sse, parse_sse_json
         ({"top_k": 2.0}, "top_k"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": -0.1}, "top_p"),
+        ({"top_p": 0.0}, "top_p"),
         ({"seed": -1}, "seed"),
         ({"seed": UINT64_MAX + 1}, "seed"),
         ({"end_id": -1}, "end_id"),
@@ -77,7 +78,7 @@ def test_max_tokens_is_required() -> None:
     "kwargs",
     [
         {"temperature": 0},
-        {"temperature": 0.7, "top_p": 0.0, "top_k": 0},
+        {"temperature": 0.7, "top_p": 0.01, "top_k": 0},
         {"top_p": 1},
         {"seed": 0},
         {"seed": UINT64_MAX},

@@ -97,6 +97,15 @@ def test_streamed_chunks_concatenate_to_the_full_decode(tokenizer):
     assert naive_differs > 0  # the reason this module exists
 
 
+def test_byte_level_holds_for_any_ids_even_invalid_utf8(demo_tokenizer):
+    """What a model emits need not spell valid UTF-8; the byte-level decoder replaces invalid bytes locally."""
+    rng = random.Random(5)
+    for _ in range(200):
+        ids = [rng.randrange(1, len(demo_tokenizer)) for _ in range(rng.randint(1, 30))]
+        chunks = random_chunks(ids, rng)
+        assert streamed(demo_tokenizer, chunks) == demo_tokenizer.decode(ids, skip_special_tokens=True), chunks
+
+
 @pytest.mark.parametrize("name, text", [("demo", "ok 😀 done"), ("sentencepiece", "hello world 😀")])
 def test_naive_per_token_decoding_breaks_what_decode_delta_keeps(name, text, request):
     tok = request.getfixturevalue(f"{name}_tokenizer")
@@ -109,7 +118,7 @@ def test_naive_per_token_decoding_breaks_what_decode_delta_keeps(name, text, req
 def test_an_incomplete_character_is_held_back_until_completed(demo_tokenizer):
     tok = demo_tokenizer
     ids = tok.encode("a😀", add_special_tokens=False)
-    head = [t for t in ids[:-1]]  # ends inside the emoji's 4 bytes
+    head = ids[:-1]  # ends inside the emoji's 4 bytes
     assert "\ufffd" in decode_text(tok, head)
     assert decode_delta(tok, [], head, final=False) == "a"
     assert decode_delta(tok, head, ids[-1:], final=True) == "😀"

@@ -1,0 +1,86 @@
+"""Output tokens/s of our engine in-process vs HF transformers static batching, same checkpoint, same prompts,
+greedy. Prints a table and writes perf/out/bench_engine.{json,md}. A benchmark, not a test.
+
+    .venv/bin/python perf/bench_engine.py [--hf DIR] [--prompt-len 128] [--new-tokens 128] [--concurrency 1 16]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.sampling_params import SamplingParams
+from backend.sequence import Request
+from ensembles import artifacts
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """n prompts of exactly `length` tokens, cut from held-out standard-library source."""
+    from build_engines.corpus import heldout_text
+
+    ids = tokenizer.encode(heldout_text(400_000), add_special_tokens=False)
+    stride = max(1, (len(ids) - length) // n)
+    return [ids[i * stride : i * stride + length] for i in range(n)]
+
+
+def bench_engine(engine_dir: Path, batch: list[list[int]], new_tokens: int) -> float:
+    engine = LLMEngine(engine_dir, EngineConfig(max_batch_size=max(16, len(batch)), max_input_len=1024,
+                                                max_seq_len=2048, device="cpu"))
+    reqs = [Request(str(i), tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
+    engine.generate(reqs[:1])  # warm-up
+    reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
+    start = time.perf_counter()
+    out = engine.generate(reqs)
+    elapsed = time.perf_counter() - start
+    return sum(len(v) for v in out.values()) / elapsed
+
+
+def bench_hf(model, batch: list[list[int]], new_tokens: int, pad_id: int) -> float:
+    ids = torch.tensor(batch)  # equal lengths: no padding needed
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
+    with torch.no_grad():
+        model.generate(ids[:1], attention_mask=torch.ones_like(ids[:1]), **kwargs)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        elapsed = time.perf_counter() - start
+    return (out.shape[1] - ids.shape[1]) * ids.shape[0] / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hf", type=Path, help="HF checkpoint (default: the demo model)")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    args = parser.parse_args()
+    model_art = artifacts.from_hf(args.hf) if args.hf else artifacts.demo()
+    tok = AutoTokenizer.from_pretrained(str(model_art.tokenizer_dir))
+    hf = AutoModelForCausalLM.from_pretrained(str(model_art.tokenizer_dir), dtype=torch.float32).eval()
+    rows = []
+    for n in args.concurrency:
+        batch = prompts(tok, n, args.prompt_len)
+        ours = bench_engine(model_art.engine_dir, batch, args.new_tokens)
+        theirs = bench_hf(hf, batch, args.new_tokens, tok.eos_token_id)
+        rows.append({"concurrency": n, "tritonllm_engine_tok_s": round(ours, 1), "hf_static_tok_s": round(theirs, 1)})
+    header = f"| concurrency | tritonllm engine (tok/s) | HF transformers static batch (tok/s) |\n|---|---|---|\n"
+    table = header + "".join(
+        f"| {r['concurrency']} | {r['tritonllm_engine_tok_s']} | {r['hf_static_tok_s']} |\n" for r in rows)
+    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    print(table + f"\nfloat32, greedy, {args.prompt_len} prompt tokens, {args.new_tokens} new tokens; {machine}")
+    OUT.mkdir(exist_ok=True)
+    (OUT / "bench_engine.json").write_text(json.dumps({"rows": rows, "machine": machine, "args": vars(args)},
+                                                      default=str, indent=2))
+    (OUT / "bench_engine.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()
