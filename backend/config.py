@@ -23,6 +23,7 @@ class EngineConfig:
     max_tokens_in_paged_kv_cache: int | None = None
     policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
     enable_chunked_context: bool = True
+    enable_kv_cache_reuse: bool = False  # prefix caching: reuse the KV blocks of a shared prompt prefix
     device: str = "auto"  # "cpu", "cuda", "cuda:N", or "auto": CUDA when torch sees a GPU
     num_threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class PerfMetrics:
+    """The anchor's per-request perf outputs (return_perf_metrics)."""
+
+    kv_cache_alloc_new_blocks: int
+    kv_cache_reused_blocks: int
+    kv_cache_alloc_total_blocks: int
+    arrival_time_ns: int
+    first_scheduled_time_ns: int
+    first_token_time_ns: int
+    last_token_time_ns: int
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """What one step produced for one request: its new tokens, and whether it is done."""
 
@@ -32,6 +47,7 @@ class RequestOutput:
     num_input_tokens: int
     num_output_tokens: int
     cum_log_prob: float | None = None
+    perf: PerfMetrics | None = None
 
 
 class LLMEngine:
@@ -47,7 +63,7 @@ class LLMEngine:
                 f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings "
                 f"({cfg.max_position_embeddings})"
             )
-        self.blocks = BlockManager(config.num_kv_blocks, config.tokens_per_block)
+        self.blocks = BlockManager(config.num_kv_blocks, config.tokens_per_block, config.enable_kv_cache_reuse)
         self.runner = ModelRunner(self.model, self.blocks, self.device)
         self.scheduler = Scheduler(config, self.blocks)
         self.sequences: dict[str, Sequence] = {}
@@ -77,6 +93,12 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds max_seq_len ({cfg.max_seq_len})"
             )
+        needed = self.blocks.blocks_for(n + request.sampling.max_tokens)
+        if needed > self.blocks.num_blocks:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) needs {needed} KV blocks, "
+                f"more than the whole cache holds ({self.blocks.num_blocks}): it could never run"
+            )
         self._check_vocab("input token ids", request.prompt_ids)
         # The sampler indexes logits with these: an id outside the vocabulary would fail the whole batch's step.
         sampling = request.sampling
@@ -94,6 +116,8 @@ class LLMEngine:
     def add_request(self, request: Request) -> None:
         self.validate(request)
         seq = Sequence.from_request(request)
+        if not request.arrival_time_ns:
+            seq.request = dataclasses.replace(request, arrival_time_ns=time.time_ns())
         self.sequences[request.request_id] = seq
         self.scheduler.add(seq)
 
@@ -103,7 +127,7 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
-        return self._output(seq, [], [])
+        return self._output(seq, *seq.take_emittable())
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -112,15 +136,21 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        now = time.time_ns()
+        for item in batch:
+            item.seq.first_scheduled_time_ns = item.seq.first_scheduled_time_ns or now
         logits = self.runner.run(batch)
         sampling = [item.seq for item in batch if item.samples]
         for item in batch:
             item.seq.num_computed_tokens = item.end
+            self.blocks.register_full_blocks(item.seq)
         outputs = []
+        now = time.time_ns()
         for seq, result in zip(sampling, sample(logits, sampling)):
+            seq.first_token_time_ns = seq.first_token_time_ns or now
+            seq.last_token_time_ns = now
             seq.append(result.token, result.log_prob)
-            new = seq.output_ids[-1:] if seq.finish_reason is not FinishReason.END_ID else []
-            lps = seq.output_log_probs[-1:] if new and result.log_prob is not None else []
+            new, lps = seq.take_emittable()
             if seq.status is SeqStatus.FINISHED:
                 self.scheduler.finish(seq)
                 del self.sequences[seq.request_id]
@@ -138,6 +168,15 @@ class LLMEngine:
             num_input_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             cum_log_prob=cum,
+            perf=PerfMetrics(
+                kv_cache_alloc_new_blocks=seq.new_blocks,
+                kv_cache_reused_blocks=seq.reused_blocks,
+                kv_cache_alloc_total_blocks=seq.new_blocks + seq.reused_blocks,
+                arrival_time_ns=seq.request.arrival_time_ns,
+                first_scheduled_time_ns=seq.first_scheduled_time_ns,
+                first_token_time_ns=seq.first_token_time_ns,
+                last_token_time_ns=seq.last_token_time_ns,
+            ),
         )
 
     def generate(self, requests: list[Request]) -> dict[str, list[int]]:

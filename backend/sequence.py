@@ -28,6 +28,8 @@ class Request:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     arrival_time_ns: int = 0
+    # Prefix-cache isolation: blocks are only shared between requests with the same salt (e.g. a tenant id).
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -37,10 +39,17 @@ class Sequence:
     num_prompt_tokens: int
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)  # physical KV block of each logical block
+    block_keys: list[int] = field(default_factory=list)  # prefix-cache key of each full block registered so far
+    reused_blocks: int = 0  # blocks taken from the prefix cache at admission
+    new_blocks: int = 0  # blocks allocated fresh
+    first_scheduled_time_ns: int = 0
+    first_token_time_ns: int = 0
+    last_token_time_ns: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     generator: torch.Generator | None = None  # per-request RNG: same seed -> same tokens in any batch
     output_log_probs: list[float] = field(default_factory=list)
+    num_emitted: int = 0  # output tokens already handed to the caller
 
     @classmethod
     def from_request(cls, request: Request) -> "Sequence":
@@ -84,23 +93,44 @@ class Sequence:
         self.token_ids.append(token)
         if log_prob is not None:
             self.output_log_probs.append(log_prob)
-        self.finish_reason = self._stop_reason()
-        if self.finish_reason is FinishReason.END_ID:
-            # As TensorRT-LLM: end_id ends the sequence but is not part of the output.
+        self.finish_reason, drop = self._stop_reason()
+        # end_id (as TensorRT-LLM) and a matched stop word end the sequence but are not part of the output.
+        for _ in range(drop):
             self.token_ids.pop()
-            if log_prob is not None:
+            if self.output_log_probs:
                 self.output_log_probs.pop()
         if self.finish_reason is not None:
             self.status = SeqStatus.FINISHED
 
-    def _stop_reason(self) -> FinishReason | None:
+    def take_emittable(self) -> tuple[list[int], list[float]]:
+        """Output tokens (and their log-probs) not yet emitted that can be emitted now: while running, a tail
+        that could be the start of a stop word is held back, so no client ever sees part of a stop word."""
+        end = self.num_output_tokens
+        if self.status is not SeqStatus.FINISHED:
+            end -= self._stop_word_prefix_len()
+        tokens = self.output_ids[self.num_emitted : end]
+        log_probs = self.output_log_probs[self.num_emitted : end] if self.output_log_probs else []
+        self.num_emitted = max(self.num_emitted, end)
+        return tokens, log_probs
+
+    def _stop_word_prefix_len(self) -> int:
+        out, longest = self.output_ids, 0
+        for word in self.request.sampling.stop_words:
+            for k in range(min(len(word) - 1, len(out)), longest, -1):
+                if tuple(out[-k:]) == word[:k]:
+                    longest = k
+                    break
+        return longest
+
+    def _stop_reason(self) -> tuple[FinishReason | None, int]:
+        """Why the sequence ends after its newest token, if it does, and how many trailing tokens to drop."""
         sampling = self.request.sampling
         n_out = self.num_output_tokens
         if sampling.end_id is not None and self.token_ids[-1] == sampling.end_id:
-            return FinishReason.END_ID
+            return FinishReason.END_ID, 1
         for word in sampling.stop_words:
             if n_out >= len(word) and tuple(self.token_ids[-len(word) :]) == word:
-                return FinishReason.STOP_WORD
+                return FinishReason.STOP_WORD, len(word)
         if n_out >= sampling.max_tokens:
-            return FinishReason.LENGTH
-        return None
+            return FinishReason.LENGTH, 0
+        return None, 0

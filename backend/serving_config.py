@@ -44,6 +44,7 @@ class ServingConfig:
             max_tokens_in_paged_kv_cache=_int_or_none(p.get("max_tokens_in_paged_kv_cache", "")),
             policy=SchedulerPolicy(p.get("batch_scheduler_policy") or "guaranteed_no_evict"),
             enable_chunked_context=_flag(p.get("enable_chunked_context", ""), "enable_chunked_context", True),
+            enable_kv_cache_reuse=_flag(p.get("enable_kv_cache_reuse", ""), "enable_kv_cache_reuse", False),
             device=p.get("engine_device") or "auto",
             num_threads=_int_or_none(p.get("engine_threads", "")),
         )

@@ -5,6 +5,7 @@ model_repository/tensorrt_llm/1/model.py only moves these arrays in and out of p
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -160,6 +161,10 @@ class RowStream:
         if row.sampling.return_log_probs:
             tensors["cum_log_probs"] = np.array([[out.cum_log_prob or 0.0]], dtype=np.float32)
             tensors["output_log_probs"] = np.array(self.pending_log_probs, dtype=np.float32).reshape(1, 1, -1)
+        if row.return_perf_metrics and out.perf is not None:
+            for name, value in dataclasses.asdict(out.perf).items():
+                dtype = np.int64 if name.endswith("_time_ns") else np.int32
+                tensors[name] = np.array([[value]], dtype=dtype)
         if row.return_num_input_tokens:
             tensors["num_input_tokens"] = np.array([[out.num_input_tokens]], dtype=np.int32)
         if row.return_num_output_tokens:

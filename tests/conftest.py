@@ -7,6 +7,7 @@ from typing import Callable
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from backend.block_manager import BlockManager
 from backend.config import EngineConfig
@@ -98,3 +99,25 @@ def make_seq() -> Callable[..., Sequence]:
         return Sequence.from_request(Request(request_id, ids, SamplingParams(max_tokens=max_tokens, **sampling)))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_hf_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # the engine runs without end_id here: never stop early
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model):
+    cache: dict[tuple, list[int]] = {}
+
+    def generate(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+        if (prompt, max_tokens) not in cache:
+            ids = torch.tensor([prompt])
+            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=max_tokens, pad_token_id=0)
+            cache[(prompt, max_tokens)] = out[0, len(prompt):].tolist()
+        return cache[(prompt, max_tokens)]
+
+    return generate

@@ -3,37 +3,12 @@ in-flight batching, chunked prefill and small KV blocks; stopping, abort, admiss
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
-
 from backend.sampling_params import InvalidRequestError, SamplingParams
 from backend.sequence import FinishReason, Request
 
 LENGTHS = [1, 9, 33, 70]  # prompt lengths: a single token, under, over and across many KV blocks
 MAX_TOKENS = [12, 7, 10, 5]  # different, so sequences leave the batch at different steps
 LATE = (17, 9)  # a prompt of 17 tokens, 9 to generate, added while the others are mid-generation
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_hf_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # the engine runs without end_id here: never stop early
-    return model
-
-
-@pytest.fixture(scope="module")
-def hf_greedy(hf_model):
-    cache: dict[tuple, list[int]] = {}
-
-    def generate(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-        if (prompt, max_tokens) not in cache:
-            ids = torch.tensor([prompt])
-            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=max_tokens, pad_token_id=0)
-            cache[(prompt, max_tokens)] = out[0, len(prompt):].tolist()
-        return cache[(prompt, max_tokens)]
-
-    return generate
 
 
 def greedy_requests(prompts, max_tokens, prefix="r", **sampling) -> list[Request]:
@@ -46,7 +21,10 @@ def greedy_requests(prompts, max_tokens, prefix="r", **sampling) -> list[Request
     {"max_num_tokens": 8},  # every prompt over 8 tokens is prefilled in chunks beside the decodes
     {"tokens_per_block": 2},  # up to 40 blocks a sequence
     {"max_num_tokens": 6, "tokens_per_block": 3, "max_batch_size": 2},  # also a queue: 2 sequences at a time
-], ids=["default", "chunked-prefill", "small-blocks", "chunked-small-blocks-queued"])
+    {"enable_kv_cache_reuse": True, "tokens_per_block": 4},  # prefix caching on (nothing shared here)
+    # max_utilization with a KV pool too small for all at once: sequences are preempted and recomputed.
+    {"policy": "max_utilization", "max_tokens_in_paged_kv_cache": 160, "tokens_per_block": 4},
+], ids=["default", "chunked-prefill", "small-blocks", "chunked-small-blocks-queued", "prefix-cache", "max-utilization"])
 def test_greedy_matches_hf_under_in_flight_batching(limits, make_engine, prompts, hf_greedy, kv_idle):
     engine = make_engine(**limits)
     ps = prompts(LENGTHS + [LATE[0]], engine.vocab_size)
@@ -87,15 +65,25 @@ def test_end_id_stops_and_is_not_output(make_engine, prompts, run_engine, kv_idl
     kv_idle(engine.blocks)
 
 
-def test_stop_word_stops_and_is_output(make_engine, prompts, run_engine):
+def test_stop_word_ends_output_before_it(make_engine, prompts, run_engine):
     engine = make_engine()
     (prompt,) = prompts([12], engine.vocab_size, seed=3)
     free = engine.generate([Request("free", prompt, SamplingParams(max_tokens=10))])["free"]
     word = tuple(free[3:5])
-    end = next(i + 2 for i in range(len(free) - 1) if tuple(free[i : i + 2]) == word)
+    start = next(i for i in range(len(free) - 1) if tuple(free[i : i + 2]) == word)
     outs = run_engine(engine, [Request("stop", prompt, SamplingParams(max_tokens=10, stop_words=(word,)))])["stop"]
-    assert [t for o in outs for t in o.new_token_ids] == free[:end]
+    assert [t for o in outs for t in o.new_token_ids] == free[:start]
     assert outs[-1].finish_reason is FinishReason.STOP_WORD
+
+
+def test_a_possible_stop_word_start_is_held_back_until_resolved(make_engine, prompts, run_engine):
+    engine = make_engine()
+    (prompt,) = prompts([12], engine.vocab_size, seed=3)
+    free = engine.generate([Request("free", prompt, SamplingParams(max_tokens=10))])["free"]
+    never = (free[2], engine.vocab_size - 1, engine.vocab_size - 2)  # starts like the output, never completes
+    outs = run_engine(engine, [Request("s", prompt, SamplingParams(max_tokens=10, stop_words=(never,)))])["s"]
+    assert [t for o in outs for t in o.new_token_ids] == free  # nothing lost once it is clear it is no stop word
+    assert outs[2].new_token_ids == [] and outs[3].new_token_ids == free[2:4]  # free[2] waited for free[3]
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(make_engine, prompts):
