@@ -17,6 +17,7 @@ from backend.model_runner import ModelRunner
 from backend.sampler import sample
 from backend.sampling_params import InvalidRequestError
 from backend.scheduler import Scheduler
+from backend.stats import EngineStats, StepSummary, snapshot
 from backend.sequence import FinishReason, Request, Sequence, SeqStatus
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.blocks, self.device)
         self.scheduler = Scheduler(config, self.blocks)
         self.sequences: dict[str, Sequence] = {}
+        self.iterations = 0
+        self.last_step = StepSummary()
         log.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %d bytes/token (2 x %d layers x %d kv heads x %d dims x %s), %.1f MiB",
             self.blocks.num_blocks, self.blocks.block_size, self.blocks.num_blocks * self.blocks.block_size,
@@ -129,13 +132,19 @@ class LLMEngine:
         seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
         return self._output(seq, *seq.take_emittable())
 
+    def stats(self) -> EngineStats:
+        return snapshot(self)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        context = [item for item in batch if item.seq.in_prefill]
+        self.last_step = StepSummary(len(batch), len(context), sum(item.num_new_tokens for item in context))
         if not batch:
             return []
+        self.iterations += 1
         now = time.time_ns()
         for item in batch:
             item.seq.first_scheduled_time_ns = item.seq.first_scheduled_time_ns or now

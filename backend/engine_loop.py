@@ -10,11 +10,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from backend.engine import LLMEngine, RequestOutput
 from backend.sampling_params import InvalidRequestError
 from backend.sequence import Request
+from backend.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,13 @@ _STOP = object()
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, cancel_check_period_s: float = 0.1) -> None:
+    def __init__(self, engine: LLMEngine, cancel_check_period_s: float = 0.1,
+                 on_stats: Callable[[EngineStats], None] | None = None, stats_period_s: float = 0.2) -> None:
         self.engine = engine
         self.cancel_check_period_s = cancel_check_period_s
+        self.on_stats = on_stats
+        self.stats_period_s = stats_period_s
+        self._last_stats = 0.0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
         self._last_cancel_check = 0.0
@@ -65,8 +70,10 @@ class EngineLoop:
 
     def _run(self) -> None:
         while True:
+            idle = not self.engine.has_work()
+            self._publish_stats(force=idle)
             # Block only when idle; while generating, drain what arrived and keep stepping.
-            if not self._drain(block=not self.engine.has_work()):
+            if not self._drain(block=idle):
                 break
             self._check_cancelled()
             try:
@@ -78,6 +85,17 @@ class EngineLoop:
             for out in outputs:
                 self._deliver(out)
         self._fail_all(RuntimeError("the engine is shutting down"))
+
+    def _publish_stats(self, force: bool) -> None:
+        """Hand a stats snapshot to on_stats every stats_period_s, and whenever the engine goes idle."""
+        now = time.monotonic()
+        if self.on_stats is None or (not force and now - self._last_stats < self.stats_period_s):
+            return
+        self._last_stats = now
+        try:
+            self.on_stats(self.engine.stats())
+        except Exception:  # metrics must never stop generation
+            log.exception("publishing engine stats failed")
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False once shutdown was asked for."""

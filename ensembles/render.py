@@ -28,7 +28,7 @@ class RepoSpec:
     max_tokens_in_paged_kv_cache: int | None = None
     kv_cache_free_gpu_mem_fraction: float = 0.9
     batch_scheduler_policy: str = "guaranteed_no_evict"
-    enable_kv_cache_reuse: bool = False
+    enable_kv_cache_reuse: bool = True  # prefix caching (tensorrtllm_backend's default is false)
     enable_chunked_context: bool = True
     exclude_input_in_output: bool = True
     cancellation_check_period_ms: int = 100

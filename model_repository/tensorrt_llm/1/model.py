@@ -16,6 +16,7 @@ from backend.sampling_params import InvalidRequestError
 from backend.sequence import FinishReason, Request
 from backend.serving_config import ServingConfig
 from backend.triton_io import RowStream, parse_request
+from backend.triton_metrics import TritonMetrics
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -44,11 +45,14 @@ class _ResponseGroup:
 class _RowSink:
     """engine_loop.OutputSink for one batch row."""
 
-    def __init__(self, group: _ResponseGroup, stream: RowStream) -> None:
+    def __init__(self, group: _ResponseGroup, stream: RowStream, metrics: TritonMetrics) -> None:
         self.group = group
         self.stream = stream
+        self.metrics = metrics
 
     def emit(self, output: RequestOutput) -> None:
+        if output.finished:
+            self.metrics.observe_finished(output)
         if output.finish_reason is FinishReason.CANCELLED and self.group.sender.is_cancelled():
             error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
             self.group.send(pb_utils.InferenceResponse(error=error), row_done=True)
@@ -74,7 +78,8 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.serving = ServingConfig.from_parameters(params)
         self.engine = LLMEngine(self.serving.engine_dir, self.serving.engine)
-        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s)
+        self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
+        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self.metrics.update)
         # Triton request id -> engine request ids, for the anchor's `stop` input.
         self.by_triton_id = {}
 
@@ -105,7 +110,7 @@ class TritonPythonModel:
         group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
         for index, (engine_id, row) in enumerate(zip(ids, rows)):
             request = Request(engine_id, row.prompt_ids, row.sampling)
-            self.loop.submit(request, _RowSink(group, RowStream(row, index)))
+            self.loop.submit(request, _RowSink(group, RowStream(row, index), self.metrics))
 
     def _forget(self, triton_id, ids):
         if triton_id and self.by_triton_id.get(triton_id) is ids:
@@ -118,3 +123,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.shutdown()
+        self.metrics = None  # metric families are released with this model

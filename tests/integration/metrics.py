@@ -1,0 +1,34 @@
+"""Reads the server's Prometheus metrics endpoint."""
+from __future__ import annotations
+
+import re
+import time
+
+import requests
+
+
+def scrape(metrics_port: int) -> str:
+    return requests.get(f"http://localhost:{metrics_port}/metrics", timeout=10).text
+
+
+def value(text: str, family: str, **labels: str) -> float | None:
+    """The sample of `family` whose labels include `labels`, or None."""
+    for line in text.splitlines():
+        if not line.startswith(family + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line[line.index("{") : line.index("}")]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_for(metrics_port: int, family: str, expected: float, timeout_s: float = 30.0, **labels: str) -> float:
+    """Poll until the sample equals `expected`; returns the last value seen."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        seen = value(scrape(metrics_port), family, **labels)
+        if seen == expected:
+            return seen
+        time.sleep(0.2)
+    return seen
