@@ -56,50 +56,39 @@ class ModelRunner:
         return self.model(input_ids, meta, self.kv.layers, logits_index)
 
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_index: list[list[int]] = []
-        context_slots: list[list[int]] = []
-        logits_index: list[int] = []
-        for item in batch:
-            seq = item.seq
-            first = len(tokens)
-            tokens.extend(seq.token_ids[item.start : item.end])
-            positions.extend(range(item.start, item.end))
-            slots.extend(self.blocks.slot(seq, p) for p in range(item.start, item.end))
-            query_index.append(list(range(first, len(tokens))))
-            context_slots.append([self.blocks.slot(seq, p) for p in range(item.end)])
-            if item.samples:
-                logits_index.append(len(tokens) - 1)
-        q_max = max(len(q) for q in query_index)
-        l_max = max(len(c) for c in context_slots)
-        B = len(batch)
-        q_pos = torch.zeros(B, q_max, dtype=torch.long)
-        q_idx = torch.zeros(B, q_max, dtype=torch.long)
-        ctx = torch.zeros(B, l_max, dtype=torch.long)
-        ctx_len = torch.zeros(B, 1, 1, dtype=torch.long)
-        q_flat: list[int] = []
-        for b, (item, q, c) in enumerate(zip(batch, query_index, context_slots)):
-            q_idx[b, : len(q)] = torch.tensor(q)
-            q_pos[b, : len(q)] = torch.arange(item.start, item.end)
-            ctx[b, : len(c)] = torch.tensor(c)
-            ctx_len[b] = len(c)
-            q_flat.extend(b * q_max + i for i in range(len(q)))
-        keys = torch.arange(l_max)
-        # Query at position p sees keys at positions <= p; padded queries (position 0) see key 0 only, so no row is empty.
-        mask = (keys[None, None, :] <= q_pos[:, :, None]) & (keys[None, None, :] < ctx_len)
-        pos = torch.tensor(positions, dtype=torch.long)
-        dtype = self.model.config.torch_dtype
-        dev = self.device
+        """Index tensors for the step, built with vectorised ops from the block tables (no per-token Python)."""
+        bs = self.blocks.block_size
+        start = torch.tensor([item.start for item in batch])  # (B,) first new position of each sequence
+        end = torch.tensor([item.end for item in batch])  # (B,) context length after this step
+        q_len = end - start
+        B, Q, L = len(batch), int(q_len.max()), int(end.max())
+        width = max(len(item.seq.block_table) for item in batch)
+        tables = torch.zeros(B, width, dtype=torch.long)  # (B, blocks) padded block tables
+        for b, item in enumerate(batch):
+            tables[b, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table)
+        keys = torch.arange(L)
+        ctx_valid = keys[None, :] < end[:, None]  # (B, L)
+        ctx_slots = tables.gather(1, (keys // bs).expand(B, L).clamp(max=width - 1)) * bs + keys % bs
+        ctx_slots = torch.where(ctx_valid, ctx_slots, 0)  # (B, L)
+        offsets = torch.arange(Q)
+        q_valid = offsets[None, :] < q_len[:, None]  # (B, Q)
+        q_pos = torch.where(q_valid, start[:, None] + offsets, 0)  # (B, Q); padded queries sit at position 0
+        first = torch.cumsum(q_len, 0) - q_len  # (B,) flat index of each sequence's first new token
+        q_idx = torch.where(q_valid, first[:, None] + offsets, 0)
+        # Query at position p sees keys at positions <= p; padded queries see key 0 only, so no row is empty.
+        mask = (keys[None, None, :] <= q_pos[:, :, None]) & ctx_valid[:, None, :]  # (B, Q, L)
+        positions = q_pos[q_valid]  # (T,)
+        sampled = torch.tensor([item.samples for item in batch])
+        tokens = [t for item in batch for t in item.seq.token_ids[item.start : item.end]]
+        dev, dtype = self.device, self.model.config.torch_dtype
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=ctx_slots.gather(1, q_pos)[q_valid].to(dev),
             query_index=q_idx.to(dev),
-            query_flat=torch.tensor(q_flat, dtype=torch.long, device=dev),
-            context_slots=ctx.to(dev),
+            query_flat=(torch.arange(B)[:, None] * Q + offsets)[q_valid].to(dev),
+            context_slots=ctx_slots.to(dev),
             mask=mask[:, None].to(dev),
-            cos=self.model.rope_cos[pos.to(dev)].to(dtype),
-            sin=self.model.rope_sin[pos.to(dev)].to(dtype),
+            cos=self.model.rope_cos[positions.to(dev)].to(dtype),
+            sin=self.model.rope_sin[positions.to(dev)].to(dtype),
         )
-        ids = torch.tensor(tokens, dtype=torch.long, device=dev)
-        return ids, meta, torch.tensor(logits_index, dtype=torch.long, device=dev)
+        logits_index = (first + q_len - 1)[sampled]  # the last new token of each sequence that samples
+        return torch.tensor(tokens, dtype=torch.long, device=dev), meta, logits_index.to(dev)

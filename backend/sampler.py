@@ -17,14 +17,24 @@ class SampleResult:
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     """logits (S, vocab) float32, row i for seqs[i]."""
     log_probs = torch.log_softmax(logits, dim=-1) if any(s.request.sampling.return_log_probs for s in seqs) else None
+    argmax = logits.argmax(dim=-1).tolist()  # one call for the common case: greedy, nothing masked
     results = []
     for i, seq in enumerate(seqs):
-        row = _apply_controls(logits[i].clone(), seq)
         sampling = seq.request.sampling
-        token = int(torch.argmax(row)) if sampling.greedy else _draw(row, seq)
+        if sampling.greedy and not _has_controls(seq):
+            token = argmax[i]
+        else:
+            row = _apply_controls(logits[i].clone(), seq)
+            token = int(torch.argmax(row)) if sampling.greedy else _draw(row, seq)
         lp = float(log_probs[i, token]) if log_probs is not None and sampling.return_log_probs else None
         results.append(SampleResult(token, lp))
     return results
+
+
+def _has_controls(seq: Sequence) -> bool:
+    sampling = seq.request.sampling
+    min_tokens_active = sampling.end_id is not None and seq.num_output_tokens < sampling.min_tokens
+    return sampling.uses_penalties or min_tokens_active or bool(sampling.bad_words)
 
 
 def _apply_controls(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
