@@ -7,12 +7,12 @@ import torch
 from safetensors.torch import load_file
 
 from backend.model import LlamaForCausalLM
-from backend.model_config import ModelConfig
+from backend.model_config import load_model_config, torch_dtype
 
 
 def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
     ckpt_dir = Path(ckpt_dir)
-    cfg = ModelConfig.from_checkpoint(ckpt_dir)
+    cfg = load_model_config(ckpt_dir)
     weights_file = ckpt_dir / "rank0.safetensors"
     if not weights_file.is_file():
         raise FileNotFoundError(f"{weights_file} not found: not a TensorRT-LLM checkpoint directory")
@@ -23,4 +23,4 @@ def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
     if missing or unexpected:
         raise ValueError(f"{weights_file}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
     model.load_state_dict(state, strict=True)
-    return model.to(device=device, dtype=cfg.torch_dtype).eval()
+    return model.to(device=device, dtype=torch_dtype(cfg)).eval()

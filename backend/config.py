@@ -21,6 +21,8 @@ class EngineConfig:
     tokens_per_block: int = 32  # KV cache block size, in tokens
     # KV cache capacity in tokens; None: enough for max_batch_size full-length sequences.
     max_tokens_in_paged_kv_cache: int | None = None
+    # Share of the memory free after loading the weights that the KV cache may take (on CPU: of available RAM).
+    kv_cache_free_mem_fraction: float = 0.9
     policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
     enable_chunked_context: bool = True
     enable_kv_cache_reuse: bool = False  # prefix caching: reuse the KV blocks of a shared prompt prefix
@@ -42,6 +44,8 @@ class EngineConfig:
             )
         if self.max_num_tokens < self.max_batch_size:
             raise ValueError(f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
+        if not 0.0 < self.kv_cache_free_mem_fraction <= 1.0:
+            raise ValueError(f"kv_cache_free_mem_fraction must be in (0, 1], got {self.kv_cache_free_mem_fraction}")
         if self.kv_cache_tokens < self.max_seq_len:
             raise ValueError(
                 f"max_tokens_in_paged_kv_cache ({self.kv_cache_tokens}) must hold at least one full sequence "
@@ -58,10 +62,6 @@ class EngineConfig:
         if self.max_tokens_in_paged_kv_cache is not None:
             return self.max_tokens_in_paged_kv_cache
         return self.max_batch_size * self.max_seq_len
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return -(-self.kv_cache_tokens // self.tokens_per_block)
 
     @property
     def max_output_len(self) -> int:

@@ -13,6 +13,7 @@ import torch
 from backend.block_manager import BlockManager
 from backend.checkpoint import load_model
 from backend.config import EngineConfig
+from backend.memory_plan import free_memory_bytes, plan_kv_cache
 from backend.model_runner import ModelRunner
 from backend.sampler import sample
 from backend.sampling_params import InvalidRequestError
@@ -64,18 +65,15 @@ class LLMEngine:
                 f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings "
                 f"({cfg.max_position_embeddings})"
             )
-        self.blocks = BlockManager(config.num_kv_blocks, config.tokens_per_block, config.enable_kv_cache_reuse)
+        self.kv_plan = plan_kv_cache(cfg, config, free_memory_bytes(self.device))
+        log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
+                 cfg.num_key_value_heads, cfg.head_size, cfg.dtype)
+        self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse)
         self.runner = ModelRunner(self.model, self.blocks, self.device)
         self.scheduler = Scheduler(config, self.blocks)
         self.sequences: dict[str, Sequence] = {}
         self.iterations = 0
         self.last_step = StepSummary()
-        log.info(
-            "KV cache: %d blocks x %d tokens = %d tokens, %d bytes/token (2 x %d layers x %d kv heads x %d dims x %s), %.1f MiB",
-            self.blocks.num_blocks, self.blocks.block_size, self.blocks.num_blocks * self.blocks.block_size,
-            cfg.kv_bytes_per_token, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_size, cfg.dtype,
-            self.runner.kv.bytes / 2**20,
-        )
 
     @property
     def vocab_size(self) -> int:
@@ -92,15 +90,10 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"max_tokens ({request.sampling.max_tokens}) exceeds max_output_len ({cfg.max_output_len})"
             )
+        # The KV plan holds at least one max_seq_len sequence: within max_seq_len, a request can always run.
         if n + request.sampling.max_tokens > cfg.max_seq_len:
             raise InvalidRequestError(
                 f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds max_seq_len ({cfg.max_seq_len})"
-            )
-        needed = self.blocks.blocks_for(n + request.sampling.max_tokens)
-        if needed > self.blocks.num_blocks:
-            raise InvalidRequestError(
-                f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) needs {needed} KV blocks, "
-                f"more than the whole cache holds ({self.blocks.num_blocks}): it could never run"
             )
         self._check_vocab("input token ids", request.prompt_ids)
         # The sampler indexes logits with these: an id outside the vocabulary would fail the whole batch's step.

@@ -7,6 +7,7 @@ import torch
 
 from backend.block_manager import BlockManager
 from backend.model import AttentionMetadata, LlamaForCausalLM
+from backend.model_config import torch_dtype
 from backend.sequence import Sequence
 
 
@@ -36,7 +37,7 @@ class KVCache:
         cfg = model.config
         shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
         self.layers = [
-            (torch.zeros(shape, dtype=cfg.torch_dtype, device=device), torch.zeros(shape, dtype=cfg.torch_dtype, device=device))
+            (torch.zeros(shape, dtype=torch_dtype(cfg), device=device), torch.zeros(shape, dtype=torch_dtype(cfg), device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
         self.bytes = 2 * len(self.layers) * self.layers[0][0].numel() * self.layers[0][0].element_size()
@@ -80,7 +81,7 @@ class ModelRunner:
         positions = q_pos[q_valid]  # (T,)
         sampled = torch.tensor([item.samples for item in batch])
         tokens = [t for item in batch for t in item.seq.token_ids[item.start : item.end]]
-        dev, dtype = self.device, self.model.config.torch_dtype
+        dev, dtype = self.device, torch_dtype(self.model.config)
         meta = AttentionMetadata(
             slot_mapping=ctx_slots.gather(1, q_pos)[q_valid].to(dev),
             query_index=q_idx.to(dev),

@@ -42,6 +42,7 @@ class ServingConfig:
             max_seq_len=int(p.get("max_seq_len") or 2048),
             tokens_per_block=int(p.get("tokens_per_block") or 32),
             max_tokens_in_paged_kv_cache=_int_or_none(p.get("max_tokens_in_paged_kv_cache", "")),
+            kv_cache_free_mem_fraction=float(p.get("kv_cache_free_gpu_mem_fraction") or 0.9),
             policy=SchedulerPolicy(p.get("batch_scheduler_policy") or "guaranteed_no_evict"),
             enable_chunked_context=_flag(p.get("enable_chunked_context", ""), "enable_chunked_context", True),
             enable_kv_cache_reuse=_flag(p.get("enable_kv_cache_reuse", ""), "enable_kv_cache_reuse", False),

@@ -126,6 +126,7 @@ class RowStream:
 
     row: ParsedRow
     batch_index: int
+    request_key: int = 0  # the engine request's key: a later `stop` with this request_key ends it
     emitted: list[int] = field(default_factory=list)  # output_ids already sent (the stream's detokenization context)
     pending: list[int] = field(default_factory=list)  # tokens not sent yet
     pending_log_probs: list[float] = field(default_factory=list)
@@ -157,6 +158,7 @@ class RowStream:
             "sequence_index": np.array([[0]], dtype=np.int32),
             "stream_context_ids": np.array(self.emitted[-CONTEXT_TOKENS:], dtype=np.int32).reshape(1, 1, -1),
             "stream_final": np.array([[out.finished]], dtype=bool),
+            "request_key": np.array([[self.request_key]], dtype=np.uint64),
         }
         if row.sampling.return_log_probs:
             tensors["cum_log_probs"] = np.array([[out.cum_log_prob or 0.0]], dtype=np.float32)

@@ -55,6 +55,7 @@ def atomic_dir(final: Path, marker: bool = False, keep_complete: bool = False) -
         yield tmp
         if marker:
             (tmp / COMPLETE_MARKER).write_text("ok\n")
+        _make_readable(tmp)
         if keep_complete and is_complete(final):
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -70,6 +71,14 @@ def build_once(final: Path, build: Callable[[Path], None]) -> Path:
         with atomic_dir(final, marker=True, keep_complete=True) as tmp:
             build(tmp)
     return final
+
+
+def _make_readable(root: Path) -> None:
+    """mkdtemp makes 0700 dirs (and some writers 0600 files); a server running as
+    another user must still read the published build."""
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -168,7 +168,10 @@ class TrtllmCheckpointConfig:
         return shapes
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        """JSON-ready dict, identity keys first as in TRT-LLM's own config.json."""
+        data = asdict(self)
+        out = {k: data.pop(k) for k in ("architecture", "dtype", "logits_dtype")}
+        out.update(data)
         if out["quantization"]["exclude_modules"] is not None:
             out["quantization"]["exclude_modules"] = list(out["quantization"]["exclude_modules"])
         for key in ("bos_token_id", "eos_token_id"):

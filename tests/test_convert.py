@@ -14,8 +14,7 @@ from build_engines.checkpoint_format import (LM_HEAD, LN_F, VOCAB_EMBEDDING, Lay
                                              TrtllmCheckpointConfig, rank_file)
 from build_engines.cli import main
 from build_engines.convert import convert_hf_to_trtllm
-from build_engines.random_model import make_tiny_random
-from build_engines.tokenizer import build_tokenizer, endoftext_id
+from build_engines.tokenizer import endoftext_id
 
 EXPECTED_KEYS = {
     "architecture", "dtype", "logits_dtype", "vocab_size", "max_position_embeddings", "hidden_size",
@@ -25,19 +24,10 @@ EXPECTED_KEYS = {
 }
 
 
+# tokenizer_dir and tiny_hf_dir (make_tiny_random, seed 0) come from tests/conftest.py.
 @pytest.fixture(scope="module")
-def tokenizer_dir() -> Path:
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory, tokenizer_dir) -> Path:
-    return make_tiny_random(tmp_path_factory.mktemp("tiny") / "hf", tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def trt_dir(tmp_path_factory, hf_dir) -> Path:
-    return convert_hf_to_trtllm(hf_dir, tmp_path_factory.mktemp("trt") / "ckpt")
+def trt_dir(tmp_path_factory, tiny_hf_dir) -> Path:
+    return convert_hf_to_trtllm(tiny_hf_dir, tmp_path_factory.mktemp("trt") / "ckpt")
 
 
 def _config_kwargs(**overrides) -> dict:
@@ -65,10 +55,10 @@ def test_config_json(trt_dir, tokenizer_dir):
     assert sorted(p.name for p in trt_dir.iterdir()) == ["config.json", rank_file(0)]
 
 
-def test_tensors_are_the_hf_tensors_reassembled(trt_dir, hf_dir):
+def test_tensors_are_the_hf_tensors_reassembled(trt_dir, tiny_hf_dir):
     config = TrtllmCheckpointConfig.from_json(trt_dir)
     trt = load_file(str(trt_dir / rank_file(0)))
-    hf = load_file(str(hf_dir / "model.safetensors"))
+    hf = load_file(str(tiny_hf_dir / "model.safetensors"))
     assert {k: tuple(v.shape) for k, v in trt.items()} == config.expected_shapes()
     assert all(t.dtype == torch.float32 for t in trt.values())
     assert torch.equal(trt[VOCAB_EMBEDDING], hf["model.embed_tokens.weight"])
@@ -89,9 +79,9 @@ def test_tensors_are_the_hf_tensors_reassembled(trt_dir, hf_dir):
 
 
 @torch.no_grad()
-def test_gated_mlp_semantics_match_hf(trt_dir, hf_dir):
+def test_gated_mlp_semantics_match_hf(trt_dir, tiny_hf_dir):
     """TRT-LLM's GatedMLP computes proj(silu(fc(x)) * gate(x)); it must equal HF's MLP."""
-    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dir).eval()
     trt = load_file(str(trt_dir / rank_file(0)))
     n = LayerNames.of(1)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))  # (tokens, hidden)
@@ -99,14 +89,14 @@ def test_gated_mlp_semantics_match_hf(trt_dir, hf_dir):
     torch.testing.assert_close(ours, model.model.layers[1].mlp(x))
 
 
-def test_float16_dtype(tmp_path, hf_dir):
-    out = convert_hf_to_trtllm(hf_dir, tmp_path / "fp16", dtype="float16")
+def test_float16_dtype(tmp_path, tiny_hf_dir):
+    out = convert_hf_to_trtllm(tiny_hf_dir, tmp_path / "fp16", dtype="float16")
     assert TrtllmCheckpointConfig.from_json(out).dtype == "float16"
     assert {t.dtype for t in load_file(str(out / rank_file(0))).values()} == {torch.float16}
 
 
-def test_tied_embeddings_write_lm_head(tmp_path, hf_dir):
-    config = LlamaConfig.from_pretrained(hf_dir)
+def test_tied_embeddings_write_lm_head(tmp_path, tiny_hf_dir):
+    config = LlamaConfig.from_pretrained(tiny_hf_dir)
     config.tie_word_embeddings = True
     LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
     out = convert_hf_to_trtllm(tmp_path / "tied", tmp_path / "trt")
@@ -114,24 +104,24 @@ def test_tied_embeddings_write_lm_head(tmp_path, hf_dir):
     assert torch.equal(trt[LM_HEAD], trt[VOCAB_EMBEDDING])
 
 
-def test_existing_out_dir_is_replaced(tmp_path, hf_dir):
+def test_existing_out_dir_is_replaced(tmp_path, tiny_hf_dir):
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    convert_hf_to_trtllm(hf_dir, out)
+    convert_hf_to_trtllm(tiny_hf_dir, out)
     assert not (out / "stale.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dirs left behind
 
 
-def test_cli_convert(tmp_path, hf_dir, capsys):
-    assert main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "c"), "--dtype", "bfloat16"]) == 0
+def test_cli_convert(tmp_path, tiny_hf_dir, capsys):
+    assert main(["convert", "--hf", str(tiny_hf_dir), "--out", str(tmp_path / "c"), "--dtype", "bfloat16"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "c")
     assert TrtllmCheckpointConfig.from_json(tmp_path / "c" / "config.json").dtype == "bfloat16"
 
 
 def test_config_json_round_trip_ignores_unknown_keys(tmp_path):
-    config = TrtllmCheckpointConfig(**_config_kwargs(
-        mapping=Mapping(world_size=2, tp_size=2), quantization=QuantConfig("FP8", "INT8", exclude_modules=("lm_head",))))
+    quant = QuantConfig("FP8", "INT8", exclude_modules=("lm_head",))
+    config = TrtllmCheckpointConfig(**_config_kwargs(mapping=Mapping(world_size=2, tp_size=2), quantization=quant))
     config.to_json(tmp_path / "config.json")
     assert TrtllmCheckpointConfig.from_json(tmp_path) == config
     # TensorRT-LLM itself writes more keys than we model; a reader must accept them.
@@ -168,17 +158,17 @@ def test_mapping_and_quant_validation(build, message):
         build()
 
 
-def test_convert_rejects_bad_inputs(tmp_path, hf_dir):
+def test_convert_rejects_bad_inputs(tmp_path, tiny_hf_dir):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         convert_hf_to_trtllm(tmp_path / "missing", tmp_path / "out")
     with pytest.raises(ValueError, match="dtype must be one of"):
-        convert_hf_to_trtllm(hf_dir, tmp_path / "out", dtype="fp8")
+        convert_hf_to_trtllm(tiny_hf_dir, tmp_path / "out", dtype="fp8")
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ValueError, match="only LlamaForCausalLM"):
         convert_hf_to_trtllm(gpt2, tmp_path / "out")
-    config = LlamaConfig.from_pretrained(hf_dir)
+    config = LlamaConfig.from_pretrained(tiny_hf_dir)
     config.attention_bias = True
     LlamaForCausalLM(config).save_pretrained(tmp_path / "biased")
     with pytest.raises(ValueError, match="biases is not supported"):

@@ -163,3 +163,21 @@ def test_validate_refuses_a_request_id_in_flight(make_engine):
 def test_max_seq_len_beyond_the_model_is_refused(make_engine):
     with pytest.raises(ValueError, match=r"exceeds the model's max_position_embeddings \(2048\)"):
         make_engine(max_seq_len=4096, max_input_len=64)
+
+
+def test_kv_plan_takes_the_smallest_limit(tiny_ckpt_dir):
+    from backend.config import EngineConfig
+    from backend.memory_plan import plan_kv_cache
+    from backend.model_config import kv_bytes_per_token, load_model_config
+
+    model = load_model_config(tiny_ckpt_dir)
+    per_token = kv_bytes_per_token(model)  # 2 x layers x kv heads x head dim x 4 bytes
+    assert per_token == 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_size * 4
+    engine = EngineConfig(max_batch_size=2, max_input_len=32, max_seq_len=64, max_num_tokens=64, tokens_per_block=8)
+    plenty = plan_kv_cache(model, engine, free_bytes=2**34)
+    assert (plenty.tokens, plenty.blocks) == (128, 16) and "max_batch_size" in plenty.reason
+    tight = plan_kv_cache(model, engine, free_bytes=int(100 * per_token / 0.9) + 1)
+    assert tight.tokens == 96 and "fraction" in tight.reason  # 100 tokens fit: 12 whole blocks of 8
+    with pytest.raises(ValueError, match="less than one max_seq_len"):
+        plan_kv_cache(model, engine, free_bytes=10 * per_token)
+

@@ -15,7 +15,7 @@ TOKEN = 7  # what the fake model "generates": the scheduler does not look at tok
 def make_scheduler(**limits) -> Scheduler:
     config = EngineConfig(**{"max_batch_size": 4, "max_num_tokens": 16, "max_input_len": 32, "max_seq_len": 64,
                              "tokens_per_block": 4, **limits})
-    return Scheduler(config, BlockManager(config.num_kv_blocks, config.tokens_per_block))
+    return Scheduler(config, BlockManager(config.kv_cache_tokens // config.tokens_per_block, config.tokens_per_block))
 
 
 def step(sched: Scheduler) -> list[ScheduledSeq]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Callable
 
 import requests
 
@@ -22,13 +23,18 @@ def value(text: str, family: str, **labels: str) -> float | None:
     return None
 
 
-def wait_for(metrics_port: int, family: str, expected: float, timeout_s: float = 30.0, **labels: str) -> float:
-    """Poll until the sample equals `expected`; returns the last value seen."""
+def wait_until(metrics_port: int, family: str, accept: Callable[[float], bool], timeout_s: float = 30.0,
+               **labels: str) -> float | None:
+    """Poll (the engine publishes its gauges every 0.2 s) until accept(sample); returns the last value seen."""
     deadline = time.monotonic() + timeout_s
     seen = None
     while time.monotonic() < deadline:
         seen = value(scrape(metrics_port), family, **labels)
-        if seen == expected:
+        if seen is not None and accept(seen):
             return seen
-        time.sleep(0.2)
+        time.sleep(0.1)
     return seen
+
+
+def wait_for(metrics_port: int, family: str, expected: float, timeout_s: float = 30.0, **labels: str) -> float | None:
+    return wait_until(metrics_port, family, lambda v: v == expected, timeout_s, **labels)

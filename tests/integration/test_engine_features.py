@@ -64,18 +64,20 @@ def test_cancelling_50_streams_returns_free_blocks_to_idle(server, hf):
     assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
     got_tokens = threading.Semaphore(0)
     clients = []
-    for i in range(50):  # more than the running batch holds: some are running, the rest queued
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        client.start_stream(callback=lambda result, error: got_tokens.release())
-        req = GenerationRequest(prompt=f"def cancelled_{i}(x):\n", max_tokens=400, stream=True)
-        client.async_stream_infer("ensemble", req.to_infer_inputs())
-        clients.append(client)
-    for _ in range(40):  # tokens are streaming
-        assert got_tokens.acquire(timeout=120)
-    assert metrics.value(metrics.scrape(port), BLOCKS, kv_cache_block_type="free") < idle
-    for client in clients:  # every client cancels mid-generation (or while queued)
-        client.stop_stream(cancel_requests=True)
-        client.close()
+    try:
+        for i in range(50):  # more than the running batch holds: some are running, the rest queued
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            clients.append(client)
+            client.start_stream(callback=lambda result, error: got_tokens.release())
+            req = GenerationRequest(prompt=f"def cancelled_{i}(x):\n", max_tokens=400, stream=True)
+            client.async_stream_infer("ensemble", req.to_infer_inputs())
+        for _ in range(40):  # tokens are streaming
+            assert got_tokens.acquire(timeout=120)
+        assert metrics.wait_until(port, BLOCKS, lambda free: free < idle, kv_cache_block_type="free") < idle
+    finally:
+        for client in clients:  # every client cancels mid-generation (or while queued)
+            client.stop_stream(cancel_requests=True)
+            client.close()
     assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
     assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, request_type="active") == 0.0
     assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, request_type="waiting") == 0.0

@@ -1,5 +1,8 @@
 """Triton adapter for the detokenizer step; the logic lives in backend.postprocess."""
+import collections
 import json
+
+import numpy as np
 
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
@@ -25,9 +28,28 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.post = Postprocessor(config["parameters"]["tokenizer_dir"]["string_value"])
+        self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
 
     def execute(self, requests):
+        for request in requests:
+            if request.is_cancelled():
+                self._stop_engine_request(_input(request, "REQUEST_KEY"))
         return [pb_utils.InferenceResponse(output_tensors=self._process(r)) for r in requests]
+
+    def _stop_engine_request(self, key):
+        """Triton marks only the ensemble's new composing requests cancelled, not tensorrt_llm's in-flight one: the
+        first cancelled response of a stream tells it to stop (the anchor's `stop`, by request_key)."""
+        if key is None or int(key.reshape(-1)[0]) in self.stopped:
+            return
+        self.stopped.append(int(key.reshape(-1)[0]))
+        one = np.ones((1, 1), dtype=np.int32)
+        inputs = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
+                  pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
+                  pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
+        stop = pb_utils.InferenceRequest(model_name="tensorrt_llm", inputs=inputs, requested_output_names=[])
+        for response in stop.exec(decoupled=True):
+            if response.has_error():
+                pb_utils.Logger.log_warn(f"stopping a cancelled request failed: {response.error().message()}")
 
     def _process(self, request):
         text = self.post.texts(

@@ -5,7 +5,7 @@ returns at once. The engine, its scheduler and the tensor contract live in backe
 """
 import json
 import threading
-import uuid
+import secrets
 
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
@@ -92,7 +92,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             if inputs.get("stop") is not None and bool(inputs["stop"].reshape(-1)[0]):
-                self._stop(request.request_id(), sender)
+                self._stop(request.request_id(), inputs.get("request_key"), sender)
                 continue
             try:
                 rows = parse_request(inputs, self.serving.exclude_input_in_output)
@@ -104,20 +104,27 @@ class TritonPythonModel:
         return None
 
     def _submit(self, triton_id, sender, rows):
-        ids = [f"{triton_id or 'req'}-{uuid.uuid4().hex[:12]}" for _ in rows]
+        # Engine request ids are random 63-bit keys, sent back as `request_key` so a later request can stop them.
+        keys = [secrets.randbits(63) for _ in rows]
+        ids = [str(key) for key in keys]
         if triton_id:
             self.by_triton_id[triton_id] = ids
         group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
-        for index, (engine_id, row) in enumerate(zip(ids, rows)):
-            request = Request(engine_id, row.prompt_ids, row.sampling)
-            self.loop.submit(request, _RowSink(group, RowStream(row, index), self.metrics))
+        for index, (key, row) in enumerate(zip(keys, rows)):
+            request = Request(str(key), row.prompt_ids, row.sampling)
+            self.loop.submit(request, _RowSink(group, RowStream(row, index, key), self.metrics))
 
     def _forget(self, triton_id, ids):
         if triton_id and self.by_triton_id.get(triton_id) is ids:
             del self.by_triton_id[triton_id]
 
-    def _stop(self, triton_id, sender):
-        for engine_id in self.by_triton_id.pop(triton_id, []):
+    def _stop(self, triton_id, request_key, sender):
+        """The anchor's `stop`: end the requests sent with this Triton request id, or the one with this
+        `request_key` (how postprocessing stops a request whose ensemble request was cancelled)."""
+        ids = self.by_triton_id.pop(triton_id, []) if triton_id else []
+        if request_key is not None:
+            ids = ids + [str(int(k)) for k in request_key.reshape(-1)]
+        for engine_id in ids:
             self.loop.cancel(engine_id)
         sender.send(None, flags=_FINAL)
 
