@@ -23,4 +23,4 @@ def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
     if missing or unexpected:
         raise ValueError(f"{weights_file}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
     model.load_state_dict(state, strict=True)
-    return model.to(device=device, dtype=torch_dtype(cfg)).eval()
+    return model.to(device=device, dtype=torch_dtype(cfg)).eval().fuse()

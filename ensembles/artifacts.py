@@ -13,14 +13,23 @@ class ModelArtifacts:
 
 
 def from_hf(hf_dir: Path, dtype: str = "float32", out_dir: Path | None = None) -> ModelArtifacts:
-    """Convert (once) a HF Llama checkpoint; the converted checkpoint lives beside it unless out_dir says otherwise."""
+    """Convert a HF Llama checkpoint, once: the result lives beside it (<hf dir>.trtllm-<dtype>) unless out_dir says
+    otherwise, and is made again when the HF weights are newer."""
     from build_engines.convert import convert_hf_to_trtllm
 
     hf_dir = Path(hf_dir).resolve()
-    engine_dir = Path(out_dir) if out_dir else hf_dir.parent / f"trtllm-{dtype}"
-    if not (engine_dir / "config.json").is_file():
+    engine_dir = Path(out_dir) if out_dir else hf_dir.parent / f"{hf_dir.name}.trtllm-{dtype}"
+    if _stale(hf_dir, engine_dir):
         convert_hf_to_trtllm(hf_dir, engine_dir, dtype=dtype)
     return ModelArtifacts(engine_dir=engine_dir, tokenizer_dir=hf_dir)
+
+
+def _stale(hf_dir: Path, engine_dir: Path) -> bool:
+    converted = engine_dir / "rank0.safetensors"
+    if not (engine_dir / "config.json").is_file() or not converted.is_file():
+        return True
+    newest_source = max(p.stat().st_mtime for p in hf_dir.glob("*.safetensors"))
+    return newest_source > converted.stat().st_mtime
 
 
 def demo(cache_root: Path | None = None) -> ModelArtifacts:

@@ -79,7 +79,8 @@ def bench_vllm(venv: Path, hf_dir: Path, batch: list[list[int]], new_tokens: int
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
         return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])["tok_s"]
+    result = next(line for line in reversed(proc.stdout.splitlines()) if line.startswith('{"tok_s"'))  # vLLM logs too
+    return json.loads(result)["tok_s"]
 
 
 def main() -> None:
