@@ -33,7 +33,8 @@ demo-model: setup
 serve: setup
 	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
-test: setup
+# The demo model is built (or found cached) first, so no test's time limit includes its training.
+test: setup demo-model
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: setup

@@ -1,0 +1,66 @@
+"""A batch-1 decode step of our engine against the memory-bandwidth floor: every weight is read once per step,
+so a step cannot take less than weight bytes / copy bandwidth. Prints a table, writes
+perf/out/bench_decode_floor.{json,md}. Not a test.
+
+    .venv/bin/python perf/bench_decode_floor.py [--hf DIR] [--steps 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.sampling_params import SamplingParams
+from backend.sequence import Request
+from ensembles import artifacts
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def copy_bandwidth(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s moved by a large numpy copy (read + write counted), best of `repeats`."""
+    src = np.ones(n_bytes // 8)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return 2 * n_bytes / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hf", type=Path)
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+    model = artifacts.from_hf(args.hf) if args.hf else artifacts.demo()
+    engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=1, max_num_tokens=512, device="cpu"))
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    engine.add_request(Request("r", tuple(range(1, 129)), SamplingParams(max_tokens=args.steps + 2)))
+    engine.step()  # prefill
+    steps = [_timed(engine.step) for _ in range(args.steps)]
+    step = statistics.median(steps)
+    bandwidth = copy_bandwidth()
+    floor = weight_bytes / bandwidth
+    table = ("| weights (MB) | copy bandwidth (GB/s) | floor (ms) | batch-1 decode step (ms) | step / floor |\n"
+             "|---|---|---|---|---|\n"
+             f"| {weight_bytes / 1e6:.1f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.2f} | {step * 1e3:.2f} | "
+             f"{step / floor:.1f} |\n")
+    print(table + f"\nmedian of {args.steps} steps at 128-{128 + args.steps} tokens of context; float32, CPU")
+    OUT.mkdir(exist_ok=True)
+    (OUT / "bench_decode_floor.json").write_text(json.dumps(
+        {"weight_bytes": weight_bytes, "bandwidth_bytes_s": bandwidth, "step_s": steps}, indent=2))
+    (OUT / "bench_decode_floor.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()
