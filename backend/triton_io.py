@@ -15,6 +15,7 @@ from backend.detokenizer import CONTEXT_TOKENS
 from backend.engine import RequestOutput
 from backend.sampling_params import InvalidRequestError, SamplingParams
 
+MAX_RETURN_SEQUENCES = 16
 # Optional inputs this engine does not implement: a request that sets them gets INVALID_ARG, never a silent no-op.
 _UNSUPPORTED_IF_TRUE = ("return_context_logits", "return_generation_logits")
 _UNSUPPORTED_IF_PRESENT = ("embedding_bias", "prompt_embedding_table", "lora_task_id", "lora_weights", "lora_config",
@@ -29,6 +30,8 @@ class ParsedRow:
     sampling: SamplingParams
     streaming: bool
     exclude_input_in_output: bool
+    batch_index: int = 0  # which row of the Triton request
+    sequence_index: int = 0  # which of its num_return_sequences
     return_perf_metrics: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
@@ -73,7 +76,21 @@ def parse_request(inputs: Mapping[str, np.ndarray], default_exclude_input: bool)
     ids = inputs.get("input_ids")
     if ids is None or ids.ndim != 2 or ids.shape[1] == 0:
         raise InvalidRequestError("input_ids is required, with shape [batch, tokens] and at least one token")
-    return [_parse_row(inputs, ids, row, default_exclude_input) for row in range(ids.shape[0])]
+    rows = []
+    for b in range(ids.shape[0]):
+        row = _parse_row(inputs, ids, b, default_exclude_input)
+        rows.extend(_sequences(row, _scalar(inputs, "num_return_sequences", b, int, 1)))
+    return rows
+
+
+def _sequences(row: ParsedRow, n: int) -> list[ParsedRow]:
+    """num_return_sequences: n independent sequences of one prompt (seeds seed, seed + 1, ... when seeded; equal
+    outputs under greedy decoding, as TensorRT-LLM). They share the prompt's KV blocks through the prefix cache."""
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise InvalidRequestError(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
+    seed = row.sampling.seed
+    return [dataclasses.replace(row, sequence_index=i, sampling=dataclasses.replace(
+        row.sampling, seed=None if seed is None else (seed + i) % 2**64)) for i in range(n)]
 
 
 def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, default_exclude_input: bool) -> ParsedRow:
@@ -86,10 +103,10 @@ def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, defa
     for name in _UNSUPPORTED_IF_TRUE:
         if _scalar(inputs, name, row, bool, False):
             raise InvalidRequestError(f"{name} is not supported by this engine")
-    for name in ("beam_width", "num_return_sequences"):
-        value = _scalar(inputs, name, row, int, 1)
-        if value != 1:
-            raise InvalidRequestError(f"{name} must be 1 (beam search and multiple sequences are not supported yet), got {value}")
+    beam_width = _scalar(inputs, "beam_width", row, int, 1)
+    if beam_width != 1:
+        raise InvalidRequestError(f"beam_width must be 1 (beam search is not supported; use num_return_sequences "
+                                  f"with sampling for several outputs), got {beam_width}")
     seed = _scalar(inputs, "seed", row, int)
     sampling = SamplingParams(
         max_tokens=max_tokens,
@@ -114,6 +131,7 @@ def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, defa
         sampling=sampling,
         streaming=_scalar(inputs, "streaming", row, bool, False),
         exclude_input_in_output=_scalar(inputs, "exclude_input_in_output", row, bool, default_exclude_input),
+        batch_index=row,
         return_perf_metrics=_scalar(inputs, "return_perf_metrics", row, bool, False),
         return_num_input_tokens=_scalar(inputs, "return_num_input_tokens", row, bool, False),
         return_num_output_tokens=_scalar(inputs, "return_num_output_tokens", row, bool, False),
@@ -125,7 +143,6 @@ class RowStream:
     """Turns one row's engine outputs into response tensors: per token when streaming, once at the end otherwise."""
 
     row: ParsedRow
-    batch_index: int
     request_key: int = 0  # the engine request's key: a later `stop` with this request_key ends it
     emitted: list[int] = field(default_factory=list)  # output_ids already sent (the stream's detokenization context)
     pending: list[int] = field(default_factory=list)  # tokens not sent yet
@@ -154,8 +171,8 @@ class RowStream:
         tensors = {
             "output_ids": tokens,
             "sequence_length": np.array([[tokens.shape[-1]]], dtype=np.int32),
-            "batch_index": np.array([[self.batch_index]], dtype=np.int32),
-            "sequence_index": np.array([[0]], dtype=np.int32),
+            "batch_index": np.array([[row.batch_index]], dtype=np.int32),
+            "sequence_index": np.array([[row.sequence_index]], dtype=np.int32),
             "stream_context_ids": np.array(self.emitted[-CONTEXT_TOKENS:], dtype=np.int32).reshape(1, 1, -1),
             "stream_final": np.array([[out.finished]], dtype=bool),
             "request_key": np.array([[self.request_key]], dtype=np.uint64),

@@ -1,6 +1,8 @@
 """The tensorrt_llm tensor contract: request parsing and validation, word lists, per-row response streaming."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -73,7 +75,8 @@ def test_defaults_when_optional_inputs_are_absent():
         ({"input_ids": None}, "input_ids is required"),
         ({"input_ids": np.zeros((1, 0), dtype=np.int32)}, "input_ids is required"),
         ({"beam_width": scalar(2)}, "beam_width must be 1"),
-        ({"num_return_sequences": scalar(2)}, "num_return_sequences must be 1"),
+        ({"num_return_sequences": scalar(0)}, r"num_return_sequences must be in \[1, 16\], got 0"),
+        ({"num_return_sequences": scalar(17)}, r"num_return_sequences must be in \[1, 16\], got 17"),
         ({"return_context_logits": scalar(True, bool)}, "return_context_logits is not supported"),
         ({"return_generation_logits": scalar(True, bool)}, "return_generation_logits is not supported"),
         ({"embedding_bias": np.ones((1, 4), dtype=np.float32)}, "'embedding_bias' is not supported"),
@@ -114,7 +117,7 @@ PROMPT = (11, 12, 13)
 def stream(streaming: bool, exclude_input: bool = True, **sampling) -> RowStream:
     row = ParsedRow(PROMPT, SamplingParams(max_tokens=20, **sampling), streaming=streaming,
                     exclude_input_in_output=exclude_input, return_num_input_tokens=True, return_num_output_tokens=True)
-    return RowStream(row, batch_index=3)
+    return RowStream(dataclasses.replace(row, batch_index=3))
 
 
 def outputs(tokens: list[int], log_probs: list[float] | None = None) -> list[RequestOutput]:
@@ -173,3 +176,12 @@ def test_log_probs_are_returned_when_asked():
     assert final["output_log_probs"].tolist() == [[[-0.5, -1.5]]]
     assert final["cum_log_probs"].tolist() == [[-2.0]]
     assert "cum_log_probs" not in responses(stream(streaming=False), outputs([100]))[0]
+
+
+def test_num_return_sequences_expands_rows_with_seeds_and_indices():
+    inputs = request(input_ids=np.array([[5, 6, 7]], dtype=np.int32), request_output_len=scalar(4),
+                     num_return_sequences=scalar(3), seed=np.array([[10]], dtype=np.uint64),
+                     runtime_top_k=scalar(20))
+    rows = parse_request(inputs, default_exclude_input=True)
+    assert [(r.batch_index, r.sequence_index, r.sampling.seed) for r in rows] == [(0, 0, 10), (0, 1, 11), (0, 2, 12)]
+    assert all(r.prompt_ids == (5, 6, 7) for r in rows)

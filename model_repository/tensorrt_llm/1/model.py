@@ -110,9 +110,9 @@ class TritonPythonModel:
         if triton_id:
             self.by_triton_id[triton_id] = ids
         group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
-        for index, (key, row) in enumerate(zip(keys, rows)):
+        for key, row in zip(keys, rows):
             request = Request(str(key), row.prompt_ids, row.sampling)
-            self.loop.submit(request, _RowSink(group, RowStream(row, index, key), self.metrics))
+            self.loop.submit(request, _RowSink(group, RowStream(row, key), self.metrics))
 
     def _forget(self, triton_id, ids):
         if triton_id and self.by_triton_id.get(triton_id) is ids:
