@@ -33,7 +33,10 @@ class Scheduler:
         return self.config.policy is SchedulerPolicy.GUARANTEED_NO_EVICT
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue by priority (higher first), FCFS within a priority level."""
+        priority = seq.request.priority
+        position = next((i for i, w in enumerate(self.waiting) if w.request.priority < priority), len(self.waiting))
+        self.waiting.insert(position, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

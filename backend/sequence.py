@@ -30,6 +30,7 @@ class Request:
     arrival_time_ns: int = 0
     # Prefix-cache isolation: blocks are only shared between requests with the same salt (e.g. a tenant id).
     cache_salt: str | None = None
+    priority: int = 0  # scheduler priority level: higher levels are admitted first, FCFS within a level
 
 
 @dataclass

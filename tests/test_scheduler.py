@@ -7,7 +7,8 @@ from backend.block_manager import BlockManager
 from backend.config import EngineConfig
 from backend.model_runner import ScheduledSeq
 from backend.scheduler import Scheduler
-from backend.sequence import SeqStatus
+from backend.sampling_params import SamplingParams
+from backend.sequence import Request, SeqStatus, Sequence
 
 TOKEN = 7  # what the fake model "generates": the scheduler does not look at token values
 
@@ -140,3 +141,11 @@ def test_new_requests_join_while_others_are_mid_generation(make_seq):
     step(sched)
     assert late.status is SeqStatus.FINISHED and all(s.status is SeqStatus.RUNNING for s in early)
     assert [s.request_id for s in sched.running] == ["early0", "early1"]
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival():
+    sched = make_scheduler(max_batch_size=1)
+    order = [("low-1", 0), ("high-1", 5), ("low-2", 0), ("high-2", 5), ("mid", 2)]
+    for rid, priority in order:
+        sched.add(Sequence.from_request(Request(rid, (1, 2, 3), SamplingParams(max_tokens=1), priority=priority)))
+    assert [s.request_id for s in sched.waiting] == ["high-1", "high-2", "mid", "low-1", "low-2"]
