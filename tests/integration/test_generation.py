@@ -61,7 +61,7 @@ def test_prompt_is_echoed_when_input_not_excluded(server, hf):
 
 
 def test_concurrent_streams_are_all_correct(server, hf):
-    """20 streams at once (more than fit one engine step's decode... all in flight together) each equal HF."""
+    """20 streams in flight at once, each with its own prompt and length: every one equals HF greedy."""
     prompts = [f"def function_{i}(x, y):\n    " if i % 2 else f"import module_{i}\n" for i in range(20)]
     lengths = [16 + 3 * i for i in range(20)]
     expected = [hf_text(hf, p, n) for p, n in zip(prompts, lengths)]
