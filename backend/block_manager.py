@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import torch
+
 from backend.prefix_cache import PrefixCache, block_key
 from backend.sequence import Sequence
 
@@ -134,8 +136,16 @@ class BlockManager:
         seq.block_table = []
         seq.block_keys = []
 
-    def slot(self, seq: Sequence, position: int) -> int:
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+    def slots(self, seqs: list[Sequence], lengths: torch.Tensor) -> torch.Tensor:
+        """Cache slot of every position p < lengths[b] of seqs[b]: (B, max length), 0 past a sequence's length."""
+        B, L, size = len(seqs), int(lengths.max()), self.block_size
+        width = max(len(seq.block_table) for seq in seqs)
+        tables = torch.zeros(B, width, dtype=torch.long)  # (B, blocks) padded block tables
+        for b, seq in enumerate(seqs):
+            tables[b, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
+        positions = torch.arange(L)
+        slots = tables.gather(1, (positions // size).expand(B, L).clamp(max=width - 1)) * size + positions % size
+        return torch.where(positions[None, :] < lengths[:, None], slots, 0)
 
     def _claim(self, block: int, reuse: bool) -> int:
         """Take a reference on a block: a cache hit (reuse its K/V) or a fresh one (evict what it cached)."""

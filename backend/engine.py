@@ -1,10 +1,10 @@
 """The engine: step() = schedule -> run model -> sample -> post-process -> emit."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,9 +111,9 @@ class LLMEngine:
 
     def add_request(self, request: Request) -> None:
         self.validate(request)
-        seq = Sequence.from_request(request)
         if not request.arrival_time_ns:
-            seq.request = dataclasses.replace(request, arrival_time_ns=time.time_ns())
+            request = dataclasses.replace(request, arrival_time_ns=time.time_ns())
+        seq = Sequence.from_request(request)
         self.sequences[request.request_id] = seq
         self.scheduler.add(seq)
 

@@ -35,12 +35,11 @@ class KVCache:
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
         cfg = model.config
-        shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
+        shape, dtype = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size), torch_dtype(cfg)
         self.layers = [
-            (torch.zeros(shape, dtype=torch_dtype(cfg), device=device), torch.zeros(shape, dtype=torch_dtype(cfg), device=device))
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
-        self.bytes = 2 * len(self.layers) * self.layers[0][0].numel() * self.layers[0][0].element_size()
 
 
 class ModelRunner:
@@ -58,19 +57,13 @@ class ModelRunner:
 
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Index tensors for the step, built with vectorised ops from the block tables (no per-token Python)."""
-        bs = self.blocks.block_size
         start = torch.tensor([item.start for item in batch])  # (B,) first new position of each sequence
         end = torch.tensor([item.end for item in batch])  # (B,) context length after this step
         q_len = end - start
         B, Q, L = len(batch), int(q_len.max()), int(end.max())
-        width = max(len(item.seq.block_table) for item in batch)
-        tables = torch.zeros(B, width, dtype=torch.long)  # (B, blocks) padded block tables
-        for b, item in enumerate(batch):
-            tables[b, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table)
         keys = torch.arange(L)
         ctx_valid = keys[None, :] < end[:, None]  # (B, L)
-        ctx_slots = tables.gather(1, (keys // bs).expand(B, L).clamp(max=width - 1)) * bs + keys % bs
-        ctx_slots = torch.where(ctx_valid, ctx_slots, 0)  # (B, L)
+        ctx_slots = self.blocks.slots([item.seq for item in batch], end)  # (B, L)
         offsets = torch.arange(Q)
         q_valid = offsets[None, :] < q_len[:, None]  # (B, Q)
         q_pos = torch.where(q_valid, start[:, None] + offsets, 0)  # (B, Q); padded queries sit at position 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from backend.block_manager import BlockManager
 
@@ -46,8 +47,10 @@ def test_slot_maps_positions_through_the_block_table(make_seq):
     blocks.ensure_slots(b, 4)  # b: [1]
     blocks.ensure_slots(a, 9)  # a: [0, 2, 3]: its blocks are not contiguous
     assert a.block_table == [0, 2, 3] and b.block_table == [1]
-    assert [blocks.slot(a, p) for p in range(9)] == [0, 1, 2, 3, 8, 9, 10, 11, 12]
-    assert [blocks.slot(b, p) for p in range(4)] == [4, 5, 6, 7]
+    assert blocks.slots([a, b], torch.tensor([9, 4])).tolist() == [
+        [0, 1, 2, 3, 8, 9, 10, 11, 12],
+        [4, 5, 6, 7, 0, 0, 0, 0, 0],  # 0 past b's length
+    ]
     assert [blocks.blocks_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
 
 
