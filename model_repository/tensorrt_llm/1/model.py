@@ -110,8 +110,8 @@ class TritonPythonModel:
         if triton_id:
             self.by_triton_id[triton_id] = ids
         group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
-        for key, row in zip(keys, rows):
-            request = Request(str(key), row.prompt_ids, row.sampling)
+        for engine_id, key, row in zip(ids, keys, rows):
+            request = Request(engine_id, row.prompt_ids, row.sampling)
             self.loop.submit(request, _RowSink(group, RowStream(row, key), self.metrics))
 
     def _forget(self, triton_id, ids):
