@@ -6,6 +6,7 @@ returns at once. The engine, its scheduler and the tensor contract live in backe
 import json
 import threading
 import secrets
+from pathlib import Path
 
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
@@ -17,6 +18,7 @@ from backend.sequence import FinishReason, Request
 from backend.serving_config import ServingConfig
 from backend.triton_io import RowStream, parse_request
 from backend.triton_metrics import TritonMetrics
+from ensembles.versions import artifact_for
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -77,7 +79,10 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in config["input"]]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.serving = ServingConfig.from_parameters(params)
-        self.engine = LLMEngine(self.serving.engine_dir, self.serving.engine)
+        # A version folder with an artifact.json serves its own build (ensembles/versions.py).
+        artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
+        engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
+        self.engine = LLMEngine(engine_dir, self.serving.engine)
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
         self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self.metrics.update)
         # Triton request id -> engine request ids, for the anchor's `stop` input.
