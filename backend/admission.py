@@ -153,3 +153,34 @@ class AdmissionController:
         with self._lock:
             buckets = {name: (lim.requests.level, lim.tokens.level) for name, lim in self._tenants.items()}
             return AdmissionSnapshot(buckets, dict(self._queued_by_priority))
+
+
+class Lease:
+    """One admitted row as its output sink sees it: the ticket to release, and the row's deadline."""
+
+    def __init__(self, controller: AdmissionController, ticket: Ticket, timeout_ms: int | None,
+                 clock: Clock = time.monotonic) -> None:
+        self.controller = controller
+        self.ticket = ticket
+        self.timeout_ms = timeout_ms
+        self.clock = clock
+        self.deadline = None if timeout_ms is None else clock() + timeout_ms / 1000.0
+        self.timed_out = False
+
+    def expired(self) -> bool:
+        """True once the deadline passed (sticky: the row is then ended as timed out)."""
+        if self.deadline is not None and not self.timed_out and self.clock() >= self.deadline:
+            self.timed_out = True
+        return self.timed_out
+
+    def timeout_message(self) -> str:
+        return f"request timed out: its deadline (timeout_ms={self.timeout_ms}) passed; its KV blocks were freed"
+
+    def on_output(self, has_tokens: bool, finished: bool, generated_tokens: int) -> None:
+        if has_tokens or finished:
+            self.controller.started(self.ticket)
+        if finished:
+            self.controller.finished(self.ticket, generated_tokens)
+
+    def on_fail(self) -> None:
+        self.controller.finished(self.ticket, 0)

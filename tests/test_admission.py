@@ -1,7 +1,7 @@
 """Admission: tenant limits, global queue caps with tier shares, tickets released once."""
 from __future__ import annotations
 
-from backend.admission import AdmissionController, RowCost
+from backend.admission import AdmissionController, Lease, RowCost
 from backend.tenants import limits_from_dict
 from tests.test_rate_limiter import FakeClock
 
@@ -66,3 +66,18 @@ def test_snapshot_counts_queued_per_priority():
     ctl.admit("heavy", [RowCost(1, 1)])
     ctl.admit("light", [RowCost(1, 1)] * 2)
     assert ctl.snapshot().queued_by_priority == {2: 2, 0: 1}
+
+
+def test_lease_deadline_and_release():
+    clock = FakeClock()
+    ctl = AdmissionController(limits_from_dict({}), clock)
+    (ticket,) = ctl.admit(None, [RowCost(3, 5)]).tickets
+    lease = Lease(ctl, ticket, timeout_ms=200, clock=clock)
+    assert not lease.expired()
+    lease.on_output(has_tokens=True, finished=False, generated_tokens=1)
+    assert ctl.queued_requests == 0 and not ticket.done
+    clock.now += 0.2
+    assert lease.expired() and "timeout_ms=200" in lease.timeout_message()
+    lease.on_output(has_tokens=False, finished=True, generated_tokens=2)
+    assert ticket.done
+    assert not Lease(ctl, ticket, timeout_ms=None, clock=clock).expired()
