@@ -108,7 +108,8 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
     return cmd + security_args(opts) + list(opts.extra_args)
 
 
-ADMIN_HEADER = "x-admin-key"
+ADMIN_HEADER = "x-admin-key"  # HTTP header; gRPC clients send it as GRPC_ADMIN_HEADER (Triton adds a prefix)
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 
 
