@@ -4,7 +4,10 @@ salting by tenant, and the admin key guarding model load/unload. Own server: lim
 model control, the x-tenant-id header forwarded."""
 from __future__ import annotations
 
+import csv
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -193,3 +196,23 @@ def test_repository_control_needs_the_admin_key(tserver):
     assert requests.post(f"{http}/load", headers={ADMIN_HEADER: ADMIN_KEY}, timeout=120).status_code == 200
     assert client.is_model_ready("postprocessing")
     assert generate(tserver.grpc_url, "def ", 2).ok  # still serving
+
+
+def test_locust_run_refuses_only_the_over_limit_tenant(tserver, tmp_path):
+    """perf/locust/tenants_locustfile.py, headless and bounded (4 users, 12 s), against this server."""
+    locustfile = Path(__file__).resolve().parents[2] / "perf" / "locust" / "tenants_locustfile.py"
+    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "12s",
+           "--host", f"http://{tserver.http_url}", "--csv", str(tmp_path / "run"), "--only-summary"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # exit code 1: failures were recorded
+    with open(tmp_path / "run_stats.csv") as f:
+        rows = {row["Name"]: row for row in csv.DictReader(f)}
+    ok, over = rows.get("generate [locust-ok]"), rows.get("generate [locust-over]")
+    assert ok and over, (rows.keys(), proc.stderr[-2000:])
+    print(f"locust: locust-ok {ok['Request Count']} requests, {ok['Failure Count']} failed; "
+          f"locust-over {over['Request Count']} requests, {over['Failure Count']} failed")
+    assert int(ok["Request Count"]) >= 5 and int(ok["Failure Count"]) == 0
+    assert int(over["Failure Count"]) >= int(over["Request Count"]) // 2 > 0
+    with open(tmp_path / "run_failures.csv") as f:
+        failures = list(csv.DictReader(f))
+    assert failures and all(r["Name"] == "generate [locust-over]" for r in failures), failures
+    assert all("refused: requests_per_s" in r["Error"] for r in failures), failures
