@@ -80,3 +80,12 @@ def test_tenant_ids_are_checked():
     for bad in ("", "../etc", "a" * 65, "x y", "é"):
         with pytest.raises(ValueError):
             check_tenant_id(bad)
+
+
+def test_the_documented_example_file_loads():
+    from pathlib import Path
+
+    config = load_limits(Path(__file__).resolve().parents[1] / "docs" / "limits.example.toml")
+    assert config.for_tenant("acme").cache_salt == "tenant:acme" and config.for_tenant("acme").priority == 2
+    assert config.for_tenant("nightly-evals").limits.max_concurrent == 4
+    assert config.for_tenant("someone-else").limits.requests_per_s == 2
