@@ -146,6 +146,28 @@ def test_heavy_tenant_cannot_starve_a_light_one(tserver):
     assert refused and all("max_concurrent is 4" in e and "retry_after_ms=" in e for e in refused), refused
 
 
+def test_queued_premium_request_is_scheduled_before_queued_batch_ones(tserver):
+    """The running batch (8) is full of standard-tier generations that end one after another; two batch-tier
+    requests and then a premium one queue behind them: the premium one is scheduled first."""
+    first_scheduled = ("first_scheduled_time_ns",)
+    perf = {"return_perf_metrics": np.array([[True]])}
+    with ThreadPoolExecutor(12) as pool:
+        fillers = [pool.submit(generate, tserver.grpc_url, f"def filler_{i}(x):\n", 120 + 4 * i, tenant="other",
+                               min_tokens=np.array([[120 + 4 * i]], dtype=np.int32)) for i in range(8)]
+        active = metrics.wait_until(tserver.opts.metrics_port, "nv_trt_llm_request_metrics", lambda v: v >= 8,
+                                    request_type="active")
+        assert active == 8, active
+        batch = [pool.submit(generate, tserver.grpc_url, f"def batch_{i}(", 4, tenant="heavy",
+                             outputs=first_scheduled, **perf) for i in range(2)]
+        time.sleep(0.3)
+        premium = generate(tserver.grpc_url, "def premium(", 4, tenant="light", outputs=first_scheduled, **perf)
+        batch = [f.result() for f in batch]
+        assert all(f.result().ok for f in fillers)
+    assert premium.ok and all(o.ok for o in batch), [premium.error] + [o.error for o in batch]
+    scheduled = [int(o.outputs["first_scheduled_time_ns"].reshape(-1)[0]) for o in [premium] + batch]
+    assert scheduled[0] < min(scheduled[1:]), scheduled
+
+
 def test_deadline_ends_the_request_and_frees_its_blocks(tserver):
     port = tserver.opts.metrics_port
     idle = metrics.value(metrics.scrape(port), BLOCKS, kv_cache_block_type="max")
