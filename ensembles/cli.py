@@ -80,6 +80,16 @@ def _render(args) -> Path:
     return render(spec, args.out)
 
 
+def admin_key(given: str | None) -> str:
+    """The key guarding Triton's admin APIs: --admin-key / $TRITONLLM_ADMIN_KEY, else a random one, printed."""
+    if given:
+        return given
+    key = secrets.token_urlsafe(24)
+    print(f"admin key (HTTP header x-admin-key, gRPC triton-grpc-protocol-x-admin-key; model load/unload, shared "
+          f"memory, trace, logging): {key}", file=sys.stderr, flush=True)
+    return key
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -90,11 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         print(repo)
         return 0
-    admin_key = args.admin_key or secrets.token_urlsafe(24)
-    if not args.admin_key:
-        print(f"admin key (header x-admin-key, for model load/unload): {admin_key}", file=sys.stderr, flush=True)
     opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
-                         admin_key=admin_key, tenant_header=args.tenant_header or "x-tenant-id")
+                         admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id")
     install = find_tritonserver()
     cmd = server_command(install, opts)
     print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}",

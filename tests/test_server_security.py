@@ -21,3 +21,15 @@ def test_admin_key_restricts_repository_and_shared_memory(tmp_path):
 def test_no_key_no_restriction(tmp_path):
     cmd = _cmd(tmp_path, tenant_header=None)
     assert not [a for a in cmd if "restricted" in a or "forward-pattern" in a]
+
+
+def test_cli_admin_key_given_or_generated_and_printed(capsys, monkeypatch):
+    from ensembles import cli
+
+    assert cli.admin_key("mine") == "mine"
+    key = cli.admin_key(None)
+    assert len(key) >= 32 and key in capsys.readouterr().err
+    assert cli.admin_key(None) != key
+    monkeypatch.setenv("TRITONLLM_ADMIN_KEY", "from-env")
+    args = cli._parser().parse_args(["serve", "--demo", "--limits-file", "l.toml"])
+    assert args.admin_key == "from-env" and str(args.limits_file) == "l.toml"

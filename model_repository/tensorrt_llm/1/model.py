@@ -27,6 +27,10 @@ from ensembles.versions import artifact_for
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
+def _send_error(sender, message: str, code) -> None:
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=_FINAL)
+
+
 class _ResponseGroup:
     """The rows of one Triton request share its sender; the last row to finish sends the FINAL flag."""
 
@@ -117,20 +121,23 @@ class TritonPythonModel:
                 rows = parse_request(inputs, self.serving.exclude_input_in_output)
                 context = request_context(request.parameters(), self.tenancy.tenant_header)
             except InvalidRequestError as exc:
-                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
-                sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
+                _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
                 continue
-            admission = self.admission.admit(context.tenant_id, [RowCost(len(r.prompt_ids), r.sampling.max_tokens)
-                                                                 for r in rows])
-            self.tenant_metrics.observe(admission)
-            if not admission.admitted:  # refused at once, never queued: UNAVAILABLE with retry_after_ms
-                code = pb_utils.TritonError.INVALID_ARG if admission.permanent else pb_utils.TritonError.UNAVAILABLE
-                error = pb_utils.TritonError(admission.error_message(), code)
-                sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
-                continue
-            leases = [Lease(self.admission, ticket, context.timeout_ms) for ticket in admission.tickets]
-            self._submit(request.request_id(), sender, rows, leases)
+            leases = self._admit(context, rows, sender)
+            if leases:
+                self._submit(request.request_id(), sender, rows, leases)
         return None
+
+    def _admit(self, context, rows, sender):
+        """The rows' leases, or None after refusing the request at once (never queued; docs/rate_limiting.md)."""
+        admission = self.admission.admit(context.tenant_id, [RowCost(len(r.prompt_ids), r.sampling.max_tokens)
+                                                             for r in rows])
+        self.tenant_metrics.observe(admission)
+        if not admission.admitted:
+            code = pb_utils.TritonError.INVALID_ARG if admission.permanent else pb_utils.TritonError.UNAVAILABLE
+            _send_error(sender, admission.error_message(), code)
+            return None
+        return [Lease(self.admission, ticket, context.timeout_ms) for ticket in admission.tickets]
 
     def _publish(self, stats):
         self.metrics.update(stats)
