@@ -26,15 +26,20 @@ def decode_utf8(value: bytes | str, name: str) -> str:
 
 
 class Preprocessor:
-    def __init__(self, tokenizer_dir: str | Path, add_special_tokens: bool = False, max_words: int = 64) -> None:
+    def __init__(self, tokenizer_dir: str | Path, add_special_tokens: bool = False, max_words: int = 64,
+                 max_prompt_bytes: int | None = None) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.add_special_tokens = add_special_tokens
         self.max_words = max_words
+        self.max_prompt_bytes = max_prompt_bytes  # checked before tokenizing: a huge prompt costs no CPU
         eos = self.tokenizer.eos_token_id
         self.end_id = eos
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
 
     def encode_query(self, value: bytes | str) -> list[int]:
+        size = len(value.encode() if isinstance(value, str) else value)
+        if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
+            raise InvalidRequestError(f"text_input is {size} bytes, more than the limit ({self.max_prompt_bytes})")
         text = decode_utf8(value, "text_input")
         if not text:
             raise InvalidRequestError("text_input is empty: a prompt of at least one character is needed")

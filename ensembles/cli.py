@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -15,7 +16,7 @@ DEFAULT_REPO_OUT = REPO_ROOT / "build" / "model_repository"
 # RepoSpec fields settable from the command line (--max-batch-size 8 ...).
 _TUNABLE = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
             "max_tokens_in_paged_kv_cache", "batch_scheduler_policy", "engine_device", "engine_threads",
-            "exclude_input_in_output", "enable_kv_cache_reuse")
+            "exclude_input_in_output", "enable_kv_cache_reuse", "tenant_header", "max_prompt_bytes")
 
 
 
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         src.add_argument("--engine-dir", type=Path, help="a TensorRT-LLM-layout checkpoint (with --tokenizer-dir)")
         p.add_argument("--tokenizer-dir", type=Path)
         p.add_argument("--out", type=Path, default=DEFAULT_REPO_OUT, help="where the repository is rendered")
+        p.add_argument("--limits-file", type=Path, help="tenants' rate limits (TOML/YAML; docs/rate_limiting.md)")
         for field_name in _TUNABLE:
             p.add_argument(f"--{field_name.replace('_', '-')}", dest=field_name, default=None,
                            type=_ARG_TYPES[field_name], metavar=field_name.upper())
@@ -53,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--grpc-port", type=int, default=int(os.environ.get("TRITON_GRPC_PORT", 8001)))
             p.add_argument("--metrics-port", type=int, default=int(os.environ.get("TRITON_METRICS_PORT", 8002)))
             p.add_argument("--log-verbose", type=int, default=0)
+            p.add_argument("--admin-key", default=os.environ.get("TRITONLLM_ADMIN_KEY"),
+                           help="key for model load/unload, shared memory, trace and logging APIs (header "
+                                "x-admin-key); default $TRITONLLM_ADMIN_KEY, else a random one, printed")
     return parser
 
 
@@ -69,8 +74,20 @@ def _artifacts(args) -> artifacts.ModelArtifacts:
 def _render(args) -> Path:
     model = _artifacts(args)
     overrides = {k: getattr(args, k) for k in _TUNABLE if getattr(args, k) is not None}
+    if args.limits_file:
+        overrides["limits_file"] = args.limits_file.resolve()
     spec = RepoSpec(engine_dir=model.engine_dir, tokenizer_dir=model.tokenizer_dir, **overrides)
     return render(spec, args.out)
+
+
+def admin_key(given: str | None) -> str:
+    """The key guarding Triton's admin APIs: --admin-key / $TRITONLLM_ADMIN_KEY, else a random one, printed."""
+    if given:
+        return given
+    key = secrets.token_urlsafe(24)
+    print(f"admin key (HTTP header x-admin-key, gRPC triton-grpc-protocol-x-admin-key; model load/unload, shared "
+          f"memory, trace, logging): {key}", file=sys.stderr, flush=True)
+    return key
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         print(repo)
         return 0
-    opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose)
+    opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
+                         admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id")
     install = find_tritonserver()
     cmd = server_command(install, opts)
     print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}",

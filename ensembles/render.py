@@ -7,6 +7,8 @@ import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from backend.tenants import load_limits
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
 PYTHON_MODELS = ("preprocessing", "tensorrt_llm", "postprocessing")
@@ -36,12 +38,16 @@ class RepoSpec:
     add_special_tokens: bool = False
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: CUDA when present
     engine_threads: int | None = None
+    # Tenancy and request size limits (docs/rate_limiting.md): limits file read by tensorrt_llm at load time.
+    limits_file: Path | None = None
+    tenant_header: str = "x-tenant-id"
+    max_prompt_bytes: int = 262144  # text_input over this is refused (INVALID_ARG) before tokenizing
     # Folders the Python backend's interpreter must see (the project, its virtualenv's site-packages).
     python_paths: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         for name in ("triton_max_batch_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
-                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms"):
+                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms", "max_prompt_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
@@ -53,6 +59,8 @@ class RepoSpec:
             raise ValueError(f"engine_dir {self.engine_dir} holds no config.json: build or convert a checkpoint first")
         if not (Path(self.tokenizer_dir) / "tokenizer.json").is_file() and not any(Path(self.tokenizer_dir).glob("tokenizer*")):
             raise ValueError(f"tokenizer_dir {self.tokenizer_dir} holds no tokenizer files")
+        if self.limits_file is not None:
+            load_limits(self.limits_file)  # a bad limits file fails here, naming the key, not at model load
 
     def placeholders(self) -> dict[str, str]:
         values = {}

@@ -32,6 +32,10 @@ class ServerOptions:
     metrics_port: int = 8002
     log_verbose: int = 0
     extra_args: tuple[str, ...] = ()
+    # Secure defaults (the CLI always sets admin_key): model-repository control, shared memory, trace and logging
+    # settings need this key in the ADMIN_HEADER header. None: unrestricted (tests that drive these APIs).
+    admin_key: str | None = None
+    tenant_header: str | None = "x-tenant-id"  # gRPC header forwarded to the models as a request parameter
 
     def __post_init__(self) -> None:
         ports = (self.http_port, self.grpc_port, self.metrics_port)
@@ -101,7 +105,24 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
     ]
     if install.backend_dir is not None:
         cmd.append(f"--backend-directory={install.backend_dir}")
-    return cmd + list(opts.extra_args)
+    return cmd + security_args(opts) + list(opts.extra_args)
+
+
+ADMIN_HEADER = "x-admin-key"  # HTTP header; gRPC clients send it as GRPC_ADMIN_HEADER (Triton adds a prefix)
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
+RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
+
+
+def security_args(opts: ServerOptions) -> list[str]:
+    """Triton 2.51's restricted-API and header-forwarding options (format `<apis>:<header>=<value>`)."""
+    args = []
+    if opts.admin_key:
+        args += [f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
+                 f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}"]
+    if opts.tenant_header:
+        args += [f"--grpc-header-forward-pattern=^{opts.tenant_header}$",
+                 f"--http-header-forward-pattern=^{opts.tenant_header}$"]
+    return args
 
 
 def server_env(install: TritonInstall) -> dict[str, str]:
@@ -164,7 +185,9 @@ class TritonServer:
             return 0
 
     def _failed_models(self, models: tuple[str, ...]) -> dict[str, str]:
-        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST")
+        headers = {ADMIN_HEADER: self.opts.admin_key} if self.opts.admin_key else {}
+        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                     headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:
                 index = json.loads(resp.read())

@@ -90,3 +90,10 @@ def test_texts_with_context_stream_the_exact_text(post, pre):
         final = np.array([[i == len(ids) - 1]])
         pieces.append(post.texts(np.array([[[token]]], dtype=np.int32), np.array([[1]]), context, final)[0, 0])
     assert "".join(p.decode("utf-8") for p in pieces) == TEXT  # each response is valid UTF-8 on its own
+
+
+def test_prompt_bytes_limit_is_checked_before_tokenizing(pre):
+    limited = Preprocessor(pre.tokenizer.name_or_path, max_prompt_bytes=8)
+    assert limited.encode_query(b"def f():")
+    with pytest.raises(InvalidRequestError, match=r"text_input is 9 bytes, more than the limit \(8\)"):
+        limited.encode_query("def f(): ")

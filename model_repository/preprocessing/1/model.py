@@ -11,6 +11,11 @@ def _param(args_config: dict, key: str, default: str = "") -> str:
     return args_config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
+def _int_param(args_config: dict, key: str) -> int | None:
+    value = _param(args_config, key).strip()
+    return None if not value or value.startswith("${") else int(value)
+
+
 def _input(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
@@ -22,7 +27,8 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         self.pre = Preprocessor(
-            _param(config, "tokenizer_dir"), add_special_tokens=_param(config, "add_special_tokens") == "true"
+            _param(config, "tokenizer_dir"), add_special_tokens=_param(config, "add_special_tokens") == "true",
+            max_prompt_bytes=_int_param(config, "max_prompt_bytes"),
         )
 
     def execute(self, requests):

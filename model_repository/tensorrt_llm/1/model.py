@@ -11,16 +11,24 @@ from pathlib import Path
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
 
+from backend.admission import AdmissionController, Lease, RowCost
 from backend.engine import LLMEngine, RequestOutput
 from backend.engine_loop import EngineLoop
 from backend.sampling_params import InvalidRequestError
 from backend.sequence import FinishReason, Request
 from backend.serving_config import ServingConfig
 from backend.triton_io import RowStream, parse_request
+from backend.request_context import TenancyConfig, request_context
+from backend.tenant_metrics import TenantMetrics
+from backend.tenants import load_limits
 from backend.triton_metrics import TritonMetrics
 from ensembles.versions import artifact_for
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _send_error(sender, message: str, code) -> None:
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=_FINAL)
 
 
 class _ResponseGroup:
@@ -47,14 +55,20 @@ class _ResponseGroup:
 class _RowSink:
     """engine_loop.OutputSink for one batch row."""
 
-    def __init__(self, group: _ResponseGroup, stream: RowStream, metrics: TritonMetrics) -> None:
+    def __init__(self, group: _ResponseGroup, stream: RowStream, metrics: TritonMetrics, lease: Lease) -> None:
         self.group = group
         self.stream = stream
         self.metrics = metrics
+        self.lease = lease  # admission ticket (released when the row ends) and deadline
 
     def emit(self, output: RequestOutput) -> None:
+        self.lease.on_output(bool(output.new_token_ids), output.finished, output.num_output_tokens)
         if output.finished:
             self.metrics.observe_finished(output)
+        if output.finish_reason is FinishReason.CANCELLED and self.lease.timed_out:
+            error = pb_utils.TritonError(self.lease.timeout_message(), pb_utils.TritonError.UNAVAILABLE)
+            self.group.send(pb_utils.InferenceResponse(error=error), row_done=True)
+            return
         if output.finish_reason is FinishReason.CANCELLED and self.group.sender.is_cancelled():
             error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
             self.group.send(pb_utils.InferenceResponse(error=error), row_done=True)
@@ -66,11 +80,12 @@ class _RowSink:
         self.group.send(response, row_done=output.finished)
 
     def fail(self, error: Exception) -> None:
+        self.lease.on_fail()
         code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidRequestError) else pb_utils.TritonError.INTERNAL
         self.group.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code)), row_done=True)
 
     def cancelled(self) -> bool:
-        return self.group.sender.is_cancelled()
+        return self.group.sender.is_cancelled() or self.lease.expired()
 
 
 class TritonPythonModel:
@@ -84,7 +99,10 @@ class TritonPythonModel:
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
         self.engine = LLMEngine(engine_dir, self.serving.engine)
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
-        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self.metrics.update)
+        self.tenancy = TenancyConfig.from_parameters(params)
+        self.admission = AdmissionController(load_limits(self.tenancy.limits_file))
+        self.tenant_metrics = TenantMetrics(pb_utils, args["model_name"], args["model_version"])
+        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self._publish)
         # Triton request id -> engine request ids, for the anchor's `stop` input.
         self.by_triton_id = {}
 
@@ -101,23 +119,42 @@ class TritonPythonModel:
                 continue
             try:
                 rows = parse_request(inputs, self.serving.exclude_input_in_output)
+                context = request_context(request.parameters(), self.tenancy.tenant_header)
             except InvalidRequestError as exc:
-                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
-                sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
+                _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
                 continue
-            self._submit(request.request_id(), sender, rows)
+            leases = self._admit(context, rows, sender)
+            if leases:
+                self._submit(request.request_id(), sender, rows, leases)
         return None
 
-    def _submit(self, triton_id, sender, rows):
+    def _admit(self, context, rows, sender):
+        """The rows' leases, or None after refusing the request at once (never queued; docs/rate_limiting.md)."""
+        admission = self.admission.admit(context.tenant_id, [RowCost(len(r.prompt_ids), r.sampling.max_tokens)
+                                                             for r in rows])
+        self.tenant_metrics.observe(admission)
+        if not admission.admitted:
+            code = pb_utils.TritonError.INVALID_ARG if admission.permanent else pb_utils.TritonError.UNAVAILABLE
+            _send_error(sender, admission.error_message(), code)
+            return None
+        return [Lease(self.admission, ticket, context.timeout_ms) for ticket in admission.tickets]
+
+    def _publish(self, stats):
+        self.metrics.update(stats)
+        self.tenant_metrics.update(self.admission.snapshot())
+
+    def _submit(self, triton_id, sender, rows, leases):
         # Engine request ids are random 63-bit keys, sent back as `request_key` so a later request can stop them.
         keys = [secrets.randbits(63) for _ in rows]
         ids = [str(key) for key in keys]
         if triton_id:
             self.by_triton_id[triton_id] = ids
         group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
-        for engine_id, key, row in zip(ids, keys, rows):
-            request = Request(engine_id, row.prompt_ids, row.sampling)
-            self.loop.submit(request, _RowSink(group, RowStream(row, key), self.metrics))
+        for engine_id, key, row, lease in zip(ids, keys, rows, leases):
+            tenant = lease.ticket.tenant  # tier -> scheduler priority; salted tenants share no cached blocks
+            request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
+                              priority=tenant.priority)
+            self.loop.submit(request, _RowSink(group, RowStream(row, key), self.metrics, lease))
 
     def _forget(self, triton_id, ids):
         if triton_id and self.by_triton_id.get(triton_id) is ids:
@@ -135,4 +172,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.shutdown()
-        self.metrics = None  # metric families are released with this model
+        self.metrics = self.tenant_metrics = None  # metric families are released with this model

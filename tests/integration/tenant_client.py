@@ -1,0 +1,63 @@
+"""gRPC calls to the ensemble as a tenant (the x-tenant-id header, or request parameters), timing the first token."""
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tests.integration.trtllm_direct import tensor
+
+
+@dataclass
+class Outcome:
+    texts: list[str] = field(default_factory=list)
+    error: str | None = None
+    ttft_s: float | None = None  # request sent -> first response with text
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # the last response's extra outputs
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _enqueue(responses: queue.Queue, result, error) -> None:
+    responses.put((result, error, time.monotonic()))
+
+
+def generate(url: str, prompt: str, max_tokens: int, tenant: str | None = None, stream: bool = False,
+             parameters: dict | None = None, outputs: tuple[str, ...] = (), timeout_s: float = 180.0,
+             **extra: np.ndarray) -> Outcome:
+    """One ensemble request; the server's error (if any) ends up in Outcome.error, not raised."""
+    inputs = {"text_input": np.array([[prompt.encode()]], dtype=object),
+              "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[stream]]), **extra}
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    out = Outcome()
+    try:
+        client.start_stream(callback=partial(_enqueue, responses),
+                            headers={"x-tenant-id": tenant} if tenant else None)
+        sent = time.monotonic()
+        client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()],
+                                  enable_empty_final_response=True, parameters=parameters)
+        while True:
+            result, error, at = responses.get(timeout=timeout_s)
+            if error is not None:
+                out.error = str(error)
+                return out
+            text = result.as_numpy("text_output")
+            if text is not None and text.size:
+                out.texts.append(b"".join(text.reshape(-1)).decode())
+                if out.ttft_s is None:
+                    out.ttft_s = at - sent
+            for name in outputs:
+                if result.as_numpy(name) is not None:
+                    out.outputs[name] = result.as_numpy(name)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return out
+    finally:
+        client.stop_stream()
+        client.close()

@@ -1,0 +1,35 @@
+"""The launcher's secure defaults: restricted admin APIs behind a key, the tenant header forwarded."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ensembles.server import ServerOptions, TritonInstall, server_command
+
+
+def _cmd(tmp_path, **opts) -> list[str]:
+    install = TritonInstall(binary=Path("/bin/tritonserver"), backend_dir=None)
+    return server_command(install, ServerOptions(tmp_path, 8000, 8001, 8002, **opts))
+
+
+def test_admin_key_restricts_repository_and_shared_memory(tmp_path):
+    cmd = _cmd(tmp_path, admin_key="s3cret")
+    assert "--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:x-admin-key=s3cret" in cmd
+    assert "--http-restricted-api=model-repository,shared-memory,trace,logging:x-admin-key=s3cret" in cmd
+    assert "--grpc-header-forward-pattern=^x-tenant-id$" in cmd
+
+
+def test_no_key_no_restriction(tmp_path):
+    cmd = _cmd(tmp_path, tenant_header=None)
+    assert not [a for a in cmd if "restricted" in a or "forward-pattern" in a]
+
+
+def test_cli_admin_key_given_or_generated_and_printed(capsys, monkeypatch):
+    from ensembles import cli
+
+    assert cli.admin_key("mine") == "mine"
+    key = cli.admin_key(None)
+    assert len(key) >= 32 and key in capsys.readouterr().err
+    assert cli.admin_key(None) != key
+    monkeypatch.setenv("TRITONLLM_ADMIN_KEY", "from-env")
+    args = cli._parser().parse_args(["serve", "--demo", "--limits-file", "l.toml"])
+    assert args.admin_key == "from-env" and str(args.limits_file) == "l.toml"
