@@ -56,6 +56,9 @@ class ModelRunner:
         input_ids, meta, logits_index = self._prepare(batch)
         return self.model(input_ids, meta, self.kv.layers, logits_index)
 
+    def close(self) -> None:
+        """Nothing outlives an in-process runner (backend/parallel/driver.py's has worker processes)."""
+
     def _prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         inputs = StepInputs.from_batch(batch, self.blocks)
         model = self.model

@@ -135,4 +135,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.shutdown()
+        self.engine.close()  # a parallel engine's worker processes exit here
         self.metrics = None  # metric families are released with this model
