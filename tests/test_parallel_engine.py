@@ -126,3 +126,16 @@ def _alive(pid: int) -> bool:
     # A zombie (exited, not yet reaped by init) counts as gone.
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_worker_failing_at_load_fails_start_at_once(ckpt3, tmp_path):
+    sharded = shard_checkpoint(ckpt3, tmp_path / "s", 2, 1)
+    (sharded / "rank1.safetensors").write_bytes(b"not a safetensors file")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"starting the 2-rank parallel engine failed: a worker exited before it "
+                                           r"was loaded.*rank 1 \(pid \d+\) exited 1"):
+        LLMEngine(sharded, EngineConfig(**LIMITS))
+    assert time.monotonic() - start < 60  # not the 300 s collective timeout
+    (sharded / "rank1.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing \['rank1.safetensors'\]"):
+        LLMEngine(sharded, EngineConfig(**LIMITS))

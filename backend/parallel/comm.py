@@ -26,16 +26,23 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     return device
 
 
-def init_rank(pos: RankPosition, port: int, device: torch.device, timeout_s: float) -> dist.ProcessGroup:
-    """Join the world on 127.0.0.1:port; return this rank's tensor-parallel group (its stage's ranks).
+def rendezvous(pos: RankPosition, port: int, timeout_s: float) -> dist.TCPStore:
+    """The key-value store the ranks meet on: rank 0 hosts it (port 0: any free port, see .port), the others
+    connect. Ranks also post their progress in it ("up{rank}", "loaded{rank}"), which the driver polls."""
+    return dist.TCPStore("127.0.0.1", port, pos.world_size, is_master=pos.rank == 0,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def init_rank(pos: RankPosition, store: dist.Store, device: torch.device, timeout_s: float) -> dist.ProcessGroup:
+    """Join the world; return this rank's tensor-parallel group (its stage's ranks).
 
     timeout_s bounds every collective: a rank that dies mid-step fails the others within it (gloo usually
     notices the closed connection at once)."""
     if dist.is_initialized():
         raise RuntimeError("a parallel engine already runs in this process: one per process (one per Triton "
                            "model instance)")
-    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}", rank=pos.rank,
-                            world_size=pos.world_size, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend_for(device), store=store, rank=pos.rank, world_size=pos.world_size,
+                            timeout=timedelta(seconds=timeout_s))
     # Every rank creates every group, in the same order (torch.distributed requires it).
     groups = [dist.new_group(pos.stage_ranks(stage)) for stage in range(pos.pp_size)]
     return groups[pos.pp_rank]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,10 +22,11 @@ import torch.distributed as dist
 from backend.block_manager import BlockManager
 from backend.model_config import ModelConfig
 from backend.model_runner import ScheduledSeq
-from backend.parallel.comm import broadcast_step, init_rank, rank_device
+from backend.parallel.comm import broadcast_step, init_rank, rank_device, rendezvous
 from backend.parallel.rank_model import RankModel
 from backend.parallel.worker import QUIT, STEP
 from backend.step_inputs import StepInputs
+from build_engines.checkpoint_format import rank_file
 from build_engines.rank_layout import RankPosition
 
 log = logging.getLogger(__name__)
@@ -39,17 +40,22 @@ class ParallelModelRunner:
         self.pos = RankPosition(0, cfg.mapping.tp_size, cfg.mapping.pp_size)
         self.device = rank_device(device, 0)
         self._broken: str | None = None
-        port = _free_port()
-        args = [str(ckpt_dir), "--port", str(port), "--device", device.type, "--num-blocks", str(blocks.num_blocks),
+        self.workers: list[subprocess.Popen] = []
+        missing = [f for f in (rank_file(r) for r in range(self.pos.world_size)) if not (Path(ckpt_dir) / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{ckpt_dir}: mapping {cfg.mapping} needs one file per rank; missing {missing}")
+        store = rendezvous(self.pos, 0, timeout_s)  # port 0: the store binds a free port, no race
+        args = [str(ckpt_dir), "--port", str(store.port), "--device", device.type, "--num-blocks", str(blocks.num_blocks),
                 "--block-size", str(blocks.block_size), "--threads", str(worker_threads), "--timeout", str(timeout_s)]
         self.workers = [_spawn(rank, args, worker_threads) for rank in range(1, self.pos.world_size)]
         log.info("parallel engine: tp %d x pp %d, workers pids %s", self.pos.tp_size, self.pos.pp_size,
                  [w.pid for w in self.workers])
         try:
-            tp_group = init_rank(self.pos, port, self.device, timeout_s)
+            self._await(store, "up", timeout_s)  # a worker that fails to start fails this at once, not at timeout
+            tp_group = init_rank(self.pos, store, self.device, timeout_s)
             self.model = RankModel(ckpt_dir, cfg, self.pos, tp_group, blocks.num_blocks, blocks.block_size,
                                    self.device)
-            dist.barrier()  # every rank loaded its shard
+            self._await(store, "loaded", timeout_s)
         except Exception as exc:
             self.close()
             raise RuntimeError(f"starting the {self.pos.world_size}-rank parallel engine failed: {exc}; "
@@ -72,6 +78,17 @@ class ParallelModelRunner:
             self._broken = f"step failed: {exc}; workers: {self._worker_states()}"
             self._stop_workers(grace_s=0.0)
             raise RuntimeError(f"the parallel engine is down ({self._broken}); reload the model") from exc
+
+    def _await(self, store: dist.Store, stage: str, timeout_s: float) -> None:
+        """Wait until every worker posted `{stage}{rank}`; raise as soon as one has exited."""
+        keys = [f"{stage}{rank}" for rank in range(1, self.pos.world_size)]
+        deadline = time.monotonic() + timeout_s
+        while not store.check(keys):
+            if any(w.poll() is not None for w in self.workers):
+                raise RuntimeError(f"a worker exited before it was {stage} (its error is in the log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not {stage} after {timeout_s:.0f} s")
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Stop the workers (they get 'q' and leave their loop) and leave the process group."""
@@ -101,12 +118,6 @@ class ParallelModelRunner:
             code = worker.poll()
             states.append(f"rank {rank} (pid {worker.pid}) " + ("running" if code is None else f"exited {code}"))
         return ", ".join(states)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _python() -> str:

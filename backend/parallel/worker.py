@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from backend.model_config import load_model_config
-from backend.parallel.comm import init_rank, rank_device, receive_step
+from backend.parallel.comm import init_rank, rank_device, receive_step, rendezvous
 from backend.parallel.rank_model import RankModel
 from build_engines.rank_layout import RankPosition
 
@@ -29,9 +29,11 @@ def serve(args: argparse.Namespace) -> None:
     cfg = load_model_config(args.ckpt_dir)
     pos = RankPosition(args.rank, cfg.mapping.tp_size, cfg.mapping.pp_size)
     device = rank_device(torch.device(args.device), pos.rank)
-    tp_group = init_rank(pos, args.port, device, args.timeout)
+    store = rendezvous(pos, args.port, args.timeout)
+    store.set(f"up{pos.rank}", "1")
+    tp_group = init_rank(pos, store, device, args.timeout)
     model = RankModel(args.ckpt_dir, cfg, pos, tp_group, args.num_blocks, args.block_size, device)
-    dist.barrier()  # loaded: the driver's constructor returns once every rank is ready
+    store.set(f"loaded{pos.rank}", "1")  # the driver's constructor returns once every rank posted this
     lifeline = sys.stdin.buffer
     while lifeline.read(1) == STEP:
         model.execute(receive_step(device))
