@@ -16,6 +16,8 @@ from tests.integration.conftest import _free_ports
 from tests.integration.oracle import hf_greedy, hf_text
 from tests.integration.trtllm_direct import generate_ids
 
+# Parameters (tp, pp) whose server had a worker killed on purpose: its log then holds the engine loop's traceback.
+_KILLED: set[tuple[int, int]] = set()
 CASES = [("def ", 24), ("import os\n", 40), ("class Foo(object):\n    def __init__(self", 32)]
 
 
@@ -46,6 +48,7 @@ def sharded_server(request, demo, tmp_path_factory):
     try:
         workers = _worker_pids(ckpt)
         assert len(workers) == tp * pp - 1, "rank 0 runs in the tensorrt_llm model, every other rank in a worker"
+        srv.parallel = (request.param, ckpt)  # for the crash test
         yield srv
     finally:
         srv.stop()
@@ -54,7 +57,8 @@ def sharded_server(request, demo, tmp_path_factory):
         time.sleep(0.2)
     assert _worker_pids(ckpt) == [], "parallel workers outlived the server"
     log = (root / "tritonserver.log").read_text(errors="replace")
-    assert "Traceback" not in log and "Segmentation fault" not in log, log[-4000:]
+    assert "Segmentation fault" not in log, log[-4000:]
+    assert request.param in _KILLED or "Traceback" not in log, log[-4000:]
 
 
 @pytest.mark.parametrize("prompt,max_tokens", CASES)
@@ -78,3 +82,21 @@ def test_sharded_ensemble_concurrent_requests_match_hf(sharded_server, hf):
     with ThreadPoolExecutor(len(CASES)) as pool:
         got = list(pool.map(text, CASES))
     assert got == [hf_text(hf, p, n) for p, n in CASES]
+
+
+def test_killed_worker_fails_requests_clearly(sharded_server, hf):
+    """Last in this module (it breaks the server's engine): a worker killed between requests makes every
+    later request fail at once with an error naming the dead rank, never hang."""
+    import os
+    import signal
+
+    import tritonclient.utils
+
+    param, ckpt = sharded_server.parallel
+    _KILLED.add(param)
+    os.kill(_worker_pids(ckpt)[0], signal.SIGKILL)
+    prompt_ids, _ = hf_greedy(hf, "def ", 8)
+    for _ in range(2):
+        with pytest.raises(tritonclient.utils.InferenceServerException,
+                           match=r"parallel engine is down .*rank 1 \(pid \d+\) exited -9"):
+            generate_ids(sharded_server.grpc_url, prompt_ids, 8, False, end_id=hf[1].eos_token_id)
