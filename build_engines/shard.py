@@ -8,9 +8,11 @@ Per rank (tp_rank t of tp_size, stage p of pp_size; rank = p * tp_size + t, see 
   by input columns; their partial outputs are summed (all_reduce) at run time;
 - vocab_embedding: whole, on the first stage (use_parallel_embedding false); ln_f and lm_head on the last
   stage, lm_head rows padded with zeros to a multiple of tp and split by vocabulary;
-- layer norms and per-tensor (scalar) quantization scales: replicated.
-A quantized checkpoint shards when all its scales are per-tensor (FP8, FP8 KV cache); per-channel or group
-scales and packed weights (W8A16, W4A16_AWQ) are refused with an error naming the tensor.
+- layer norms and per-tensor (scalar) quantization scales (FP8 weights, activations, KV cache): replicated;
+- quantized linears' other tensors follow their weight: W8A16 per_channel_scale (out,) and INT4 group scales
+  (out, in / group) by output rows in column-parallel linears; in row-parallel ones the group scales and AWQ's
+  prequant_scaling_factor (in,) by input, per_channel_scale replicated. A split that would cut an INT4 group
+  is refused, naming the tensor.
 """
 from __future__ import annotations
 
@@ -25,16 +27,14 @@ from .checkpoint_format import (CONFIG_FILE, LM_HEAD, LN_F, VOCAB_EMBEDDING, Trt
                                 rank_file)
 from .rank_layout import RankPosition, check_tp, kv_heads_per_rank, padded_vocab, pp_layers
 
-# Weight suffixes inside a layer and the dimension they are split along (None: replicated).
-_LAYER_SPLITS: dict[str, int | None] = {
-    "input_layernorm.weight": None,
-    "post_layernorm.weight": None,
-    "attention.qkv.weight": 0,  # by heads, see split_qkv
-    "attention.dense.weight": 1,
-    "mlp.fc.weight": 0,
-    "mlp.gate.weight": 0,
-    "mlp.proj.weight": 1,
-}
+# Linears of a decoder layer by how they split (TRT-LLM's ColumnLinear / RowLinear).
+COLUMN_PARALLEL = ("attention.qkv", "mlp.fc", "mlp.gate")
+ROW_PARALLEL = ("attention.dense", "mlp.proj")
+# Tensors a linear may carry (TRT-LLM names): weight (out, in), or INT4 packed (out, in / 2); per_channel_scale
+# (out,) of W8A16; weights_scaling_factor (1,) of FP8 or (out, in / group) of INT4; prequant_scaling_factor (in,)
+# of AWQ; activation_scaling_factor (1,) of FP8.
+LINEAR_TENSORS = ("weight", "per_channel_scale", "weights_scaling_factor", "prequant_scaling_factor",
+                  "activation_scaling_factor")
 
 
 def shard_checkpoint(src_dir: Path, dst_dir: Path, tp_size: int, pp_size: int) -> Path:
@@ -95,11 +95,28 @@ def shard_weights(weights: dict[str, torch.Tensor], cfg: TrtllmCheckpointConfig,
 
 def _shard_layer_tensor(suffix: str, tensor: torch.Tensor, cfg: TrtllmCheckpointConfig,
                         pos: RankPosition) -> torch.Tensor:
-    if suffix not in _LAYER_SPLITS or _LAYER_SPLITS[suffix] is None:
-        return tensor  # layer norms, per-tensor scales (checked by _check_tensors)
-    if suffix == "attention.qkv.weight":
-        return split_qkv(tensor, cfg, pos.tp_size, pos.tp_rank)
-    return tensor.chunk(pos.tp_size, dim=_LAYER_SPLITS[suffix])[pos.tp_rank]
+    linear, _, kind = suffix.rpartition(".")  # "mlp.proj", "weight"
+    if tensor.numel() == 1 or linear not in COLUMN_PARALLEL + ROW_PARALLEL:
+        return tensor  # layer norms, per-tensor scales (FP8 weight / activation / KV cache): replicated
+    tp, rank = pos.tp_size, pos.tp_rank
+    if linear in COLUMN_PARALLEL:
+        if kind == "prequant_scaling_factor":
+            return tensor  # (in,): the input of a column-parallel linear is whole on every rank
+        if linear == "attention.qkv":
+            return split_qkv(tensor, cfg, tp, rank)
+        return _chunk(tensor, 0, tp, rank, suffix)  # by output rows: weight, channel and group scales alike
+    if kind == "per_channel_scale":
+        return tensor  # (out,): a row-parallel output is whole (summed) on every rank
+    # By input columns: weight (packed or not), INT4 group scales (out, in / group), prequant scales (in,).
+    return _chunk(tensor, 0 if kind == "prequant_scaling_factor" else 1, tp, rank, suffix)
+
+
+def _chunk(tensor: torch.Tensor, dim: int, tp: int, rank: int, name: str) -> torch.Tensor:
+    if tensor.shape[dim] % tp:
+        hint = " (INT4 groups of a row-parallel linear must split evenly: lower tp)" if name.endswith(
+            "weights_scaling_factor") else ""
+        raise ValueError(f"{name} {tuple(tensor.shape)}: dimension {dim} does not split into {tp} equal parts{hint}")
+    return tensor.chunk(tp, dim=dim)[rank]
 
 
 def split_qkv(qkv: torch.Tensor, cfg: TrtllmCheckpointConfig, tp_size: int, tp_rank: int) -> torch.Tensor:
@@ -123,16 +140,22 @@ def split_vocab(lm_head: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tens
 
 
 def _check_tensors(weights: dict[str, torch.Tensor], cfg: TrtllmCheckpointConfig) -> None:
-    """Every weight has its unsharded shape (packed quantized layouts do not), every other tensor is a scalar."""
+    """Every tensor is one this sharder knows how to split; float (and FP8, INT8) weights have their unsharded
+    shape, INT4 ones their packed shape (out, in / 2)."""
     expected = cfg.expected_shapes()
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise ValueError(f"the source checkpoint lacks tensors {missing[:5]}")
+    int4 = cfg.quantization.quant_algo == "W4A16_AWQ"
     for name, tensor in weights.items():
-        if name in expected and tuple(tensor.shape) != expected[name]:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, not {expected[name]}: packed quantized "
-                             f"weights ({cfg.quantization.quant_algo}) cannot be sharded here; shard the "
-                             "unquantized checkpoint and quantize each rank")
-        if name not in expected and tensor.numel() != 1:
-            raise ValueError(f"{name} {tuple(tensor.shape)} is not a per-tensor scale: only per-tensor "
-                             f"quantization (FP8) can be sharded, not {cfg.quantization.quant_algo}")
+        want = expected.get(name)
+        if want is not None and int4 and len(want) == 2 and name.rsplit(".", 2)[-2] in _LINEAR_NAMES:
+            want = (want[0], want[1] // 2)  # two INT4 values a byte
+        if want is not None and tuple(tensor.shape) != want:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, not {want} ({cfg.quantization.quant_algo})")
+        kind = name.rsplit(".", 1)[-1]
+        if want is None and tensor.numel() != 1 and kind not in LINEAR_TENSORS:
+            raise ValueError(f"{name} {tuple(tensor.shape)}: a tensor this sharder does not know how to split")
+
+
+_LINEAR_NAMES = {n.rsplit(".", 1)[-1] for n in COLUMN_PARALLEL + ROW_PARALLEL}  # qkv, dense, fc, gate, proj

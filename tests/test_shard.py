@@ -136,16 +136,75 @@ def test_fp8_per_tensor_scales_replicated(ckpt, tmp_path):
     assert r1[n.qkv].dtype == torch.float8_e4m3fn
 
 
-def test_group_scales_refused_clearly(ckpt, tmp_path):
-    src = tmp_path / "awq"
+def _quantized_copy(ckpt: Path, dst: Path, algo: str, group: int = 16) -> dict[str, torch.Tensor]:
+    """ckpt with every decoder linear in W8A16 or W4A16_AWQ's tensor layout (random values: only shapes and
+    placement matter to the sharder)."""
+    dst.mkdir()
+    raw = json.loads((ckpt / "config.json").read_text())
+    raw["quantization"].update(quant_algo=algo, group_size=group, pre_quant_scale=algo == "W4A16_AWQ")
+    (dst / "config.json").write_text(json.dumps(raw))
+    weights = _load(ckpt, 0)
+    gen = torch.Generator().manual_seed(0)
+    for name in [n for n in weights if n.startswith("transformer.layers.") and n.endswith(LINEARS)]:
+        out_f, in_f = weights[name].shape
+        base = name[: -len(".weight")]
+        if algo == "W8A16":
+            weights[name] = torch.randint(-127, 128, (out_f, in_f), dtype=torch.int8, generator=gen)
+            weights[f"{base}.per_channel_scale"] = torch.rand(out_f, generator=gen)
+        else:
+            weights[name] = torch.randint(-128, 128, (out_f, in_f // 2), dtype=torch.int8, generator=gen)
+            weights[f"{base}.weights_scaling_factor"] = torch.rand(out_f, in_f // group, generator=gen)
+            weights[f"{base}.prequant_scaling_factor"] = torch.rand(in_f, generator=gen)
+    save_file(weights, str(dst / "rank0.safetensors"))
+    return weights
+
+
+LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "gate.weight", "proj.weight")
+
+
+@pytest.mark.parametrize("algo", ["W8A16", "W4A16_AWQ"])
+def test_quantized_tensors_follow_their_weights(ckpt, tmp_path, algo):
+    full = _quantized_copy(ckpt, tmp_path / "q", algo)
+    out = shard_checkpoint(tmp_path / "q", tmp_path / "q-tp2", 2, 1)
+    ranks = [_load(out, r) for r in range(2)]
+    n = "transformer.layers.1."
+    cat = lambda name, dim: torch.cat([r[n + name] for r in ranks], dim)
+    same = lambda name: all(torch.equal(r[n + name], full[n + name]) for r in ranks)
+    for col in ("mlp.fc", "mlp.gate"):  # column-parallel: everything per output row
+        assert torch.equal(cat(f"{col}.weight", 0), full[f"{n}{col}.weight"])
+    assert torch.equal(cat("mlp.proj.weight", 1), full[n + "mlp.proj.weight"])  # row-parallel: by input
+    if algo == "W8A16":
+        assert torch.equal(cat("mlp.fc.per_channel_scale", 0), full[n + "mlp.fc.per_channel_scale"])
+        assert same("mlp.proj.per_channel_scale") and same("attention.dense.per_channel_scale")
+    else:
+        assert torch.equal(cat("mlp.fc.weights_scaling_factor", 0), full[n + "mlp.fc.weights_scaling_factor"])
+        assert torch.equal(cat("mlp.proj.weights_scaling_factor", 1), full[n + "mlp.proj.weights_scaling_factor"])
+        assert same("mlp.fc.prequant_scaling_factor") and same("attention.qkv.prequant_scaling_factor")
+        assert torch.equal(cat("mlp.proj.prequant_scaling_factor", 0), full[n + "mlp.proj.prequant_scaling_factor"])
+    # qkv scales split by heads exactly as the qkv rows.
+    cfg = TrtllmCheckpointConfig.from_json(ckpt)
+    scale = "per_channel_scale" if algo == "W8A16" else "weights_scaling_factor"
+    assert torch.equal(ranks[1][f"{n}attention.qkv.{scale}"], split_qkv(full[f"{n}attention.qkv.{scale}"], cfg, 2, 1))
+
+
+def test_int4_group_cut_by_tp_refused(ckpt, tmp_path):
+    _quantized_copy(ckpt, tmp_path / "q", "W4A16_AWQ", group=32)  # dense: 64 inputs = 2 groups; tp 4 cuts them
+    with pytest.raises(ValueError, match=r"attention.dense.weights_scaling_factor \(64, 2\): dimension 1 does not "
+                                         r"split into 4 equal parts \(INT4 groups"):
+        shard_checkpoint(tmp_path / "q", tmp_path / "q-tp4", 4, 1)
+    assert not (tmp_path / "q-tp4").exists()
+
+
+def test_unknown_tensor_refused_clearly(ckpt, tmp_path):
+    src = tmp_path / "odd"
     src.mkdir()
     (src / "config.json").write_text((ckpt / "config.json").read_text())
     weights = _load(ckpt, 0)
-    weights["transformer.layers.0.mlp.fc.prequant_scaling_factor"] = torch.ones(64)
+    weights["transformer.layers.0.mlp.fc.smoothquant_scale"] = torch.ones(64)
     save_file(weights, str(src / "rank0.safetensors"))
-    with pytest.raises(ValueError, match="prequant_scaling_factor .* not a per-tensor scale"):
-        shard_checkpoint(src, tmp_path / "awq-tp2", 2, 1)
-    assert not (tmp_path / "awq-tp2").exists()
+    with pytest.raises(ValueError, match="smoothquant_scale .* does not know how to split"):
+        shard_checkpoint(src, tmp_path / "odd-tp2", 2, 1)
+    assert not (tmp_path / "odd-tp2").exists()
 
 
 @pytest.mark.parametrize("tp, pp, message", [

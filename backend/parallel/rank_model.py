@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from backend.model import LlamaForCausalLM, rotary_tables
 from backend.model_config import ModelConfig, torch_dtype
 from backend.parallel.pipeline_parallel import apply_pipeline, logits_to_driver, stage_forward
-from backend.parallel.tensor_parallel import apply_tensor_parallel
+from backend.parallel.tensor_parallel import add_all_reduce, shard_linears
 from backend.step_inputs import StepInputs, step_tensors
 from build_engines.checkpoint_format import rank_file
 from build_engines.rank_layout import RankPosition, kv_heads_per_rank
@@ -19,10 +19,14 @@ from build_engines.rank_layout import RankPosition, kv_heads_per_rank
 
 def load_rank_model(ckpt_dir: Path, cfg: ModelConfig, pos: RankPosition, tp_group: dist.ProcessGroup,
                     device: torch.device) -> LlamaForCausalLM:
-    """Build the whole model on the meta device (no memory), cut it to this rank, then load the rank's file."""
+    """Build the whole model on the meta device (no memory), cut it to this rank (pipeline stage, then tensor-
+    parallel shares, then quantized linears of those shares, then the all-reduces), load the rank's file."""
+    dtype = torch_dtype(cfg)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    apply_tensor_parallel(apply_pipeline(model, pos), pos.tp_size, tp_group)
+        model = LlamaForCausalLM(cfg).to(dtype=dtype)
+    shard_linears(apply_pipeline(model, pos), pos.tp_size, tp_group)
+    model = quantize(model, cfg, dtype)
+    add_all_reduce(model, pos.tp_size, tp_group)
     weights_file = Path(ckpt_dir) / rank_file(pos.rank)
     if not weights_file.is_file():
         raise FileNotFoundError(f"{weights_file} not found: the checkpoint's mapping ({cfg.mapping}) needs one "
@@ -34,7 +38,29 @@ def load_rank_model(ckpt_dir: Path, cfg: ModelConfig, pos: RankPosition, tp_grou
         raise ValueError(f"{weights_file}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
     model.load_state_dict(state, strict=True, assign=True)
     model.rope_cos, model.rope_sin = rotary_tables(cfg.head_size, cfg.max_position_embeddings, cfg.rotary_base)
-    return model.to(device=device, dtype=torch_dtype(cfg)).eval().fuse()
+    return prepare(model.to(device=device).eval()).fuse()  # no dtype cast: float8 / int tensors keep theirs
+
+
+def quantize(model: LlamaForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Quantized linears (backend/quantized_linear.py, from the issue-4 build pipeline) where the checkpoint is
+    quantized; a clear error where this tree has no quantized runtime."""
+    quant = cfg.quantization
+    if not (quant.quant_algo or quant.kv_cache_quant_algo):
+        return model
+    try:
+        from backend.quantized_linear import apply_quantization
+    except ImportError:
+        raise ValueError(f"quantized checkpoints ({quant}) are not supported by this runtime") from None
+    return apply_quantization(model, quant, dtype)
+
+
+def prepare(model: LlamaForCausalLM) -> LlamaForCausalLM:
+    """Quantized linears convert their loaded tensors to their kernels' layout (a no-op for float models)."""
+    try:
+        from backend.quantized_linear import prepare_quantized
+    except ImportError:
+        return model
+    return prepare_quantized(model)
 
 
 class RankModel:
