@@ -139,3 +139,32 @@ def test_worker_failing_at_load_fails_start_at_once(ckpt3, tmp_path):
     (sharded / "rank1.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"missing \['rank1.safetensors'\]"):
         LLMEngine(sharded, EngineConfig(**LIMITS))
+
+
+@pytest.mark.parametrize("quantization", ["int8_wo", "int4_rtn"])
+def test_quantized_sharded_engine_matches_quantized_unsharded(ckpt3, reference, tmp_path, quantization):
+    """Quantized linears of each rank's share (the issue-4 build pipeline's runtime, backend/quantized_linear.py)
+    under TP and PP: the greedy tokens of the unsharded quantized engine. Skipped where that runtime is absent."""
+    pytest.importorskip("backend.quantized_linear")
+    apply = pytest.importorskip("build_engines.quantize.apply")
+    import dataclasses
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    quant = apply.quant_config(quantization, "none", 32)  # 32: the smallest group torch's CPU INT4 kernel takes
+    src = tmp_path / quantization
+    src.mkdir()
+    raw = json.loads((ckpt3 / "config.json").read_text())
+    raw["quantization"] = {**dataclasses.asdict(quant), "exclude_modules": list(quant.exclude_modules or [])}
+    (src / "config.json").write_text(json.dumps(raw))
+    weights = apply.quantize_weights(load_file(str(ckpt3 / "rank0.safetensors")), 3, quant, None, torch.float32)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(src / "rank0.safetensors"))
+    prompts, _ = reference
+    want = _run(LLMEngine(src, EngineConfig(**LIMITS)), prompts)
+    engine = LLMEngine(shard_checkpoint(src, tmp_path / "s", 2, 2), EngineConfig(**LIMITS))
+    try:
+        assert _run(engine, prompts) == want
+    finally:
+        engine.close()
