@@ -90,6 +90,8 @@ def test_dead_worker_fails_steps_clearly(ckpt3, reference, tmp_path):
         assert time.monotonic() - start < 30
     finally:
         engine.close()
+    engine.close()  # twice (a model unloaded after a failure): harmless
+    assert all(w.poll() is not None for w in engine.runner.workers)
 
 
 _CHILD = """

@@ -98,6 +98,8 @@ class ParallelModelRunner:
 
     def _stop_workers(self, grace_s: float) -> None:
         for worker in self.workers:
+            if worker.stdin.closed:
+                continue  # stopped before (a failed step, then finalize)
             try:
                 worker.stdin.write(QUIT)
                 worker.stdin.close()
