@@ -170,3 +170,29 @@ def test_quantized_sharded_engine_matches_quantized_unsharded(ckpt3, reference, 
         assert _run(engine, prompts) == want
     finally:
         engine.close()
+
+
+def test_worker_dying_mid_step_fails_the_step_not_hangs(ckpt3, reference, tmp_path, monkeypatch):
+    """The worker dies after the driver checked it and woke it: the driver is then inside collectives with a dead
+    peer, and gloo's closed connection (not the 300 s timeout) must end the step."""
+    import backend.parallel.driver as driver
+
+    prompts, _ = reference
+    engine = LLMEngine(shard_checkpoint(ckpt3, tmp_path / "s", 2, 1), EngineConfig(**LIMITS))
+    real_broadcast = driver.broadcast_step
+
+    def kill_then_broadcast(inputs, device):
+        engine.runner.workers[0].kill()
+        engine.runner.workers[0].wait()
+        real_broadcast(inputs, device)
+
+    try:
+        engine.add_request(_requests(prompts)[0])
+        monkeypatch.setattr(driver, "broadcast_step", kill_then_broadcast)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"parallel engine is down \(step failed: .*rank 1 \(pid \d+\) exited"):
+            engine.step()
+        assert time.monotonic() - start < 60
+    finally:
+        engine.close()
+    engine.close()
