@@ -13,6 +13,9 @@ from backend.model_config import load_model_config, torch_dtype
 def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
     ckpt_dir = Path(ckpt_dir)
     cfg = load_model_config(ckpt_dir)
+    if cfg.mapping.world_size != 1:
+        raise ValueError(f"{ckpt_dir} is sharded (mapping {cfg.mapping}): one process per rank loads it "
+                         "(backend/parallel), not load_model")
     weights_file = ckpt_dir / "rank0.safetensors"
     if not weights_file.is_file():
         raise FileNotFoundError(f"{weights_file} not found: not a TensorRT-LLM checkpoint directory")

@@ -14,7 +14,9 @@ from backend.block_manager import BlockManager
 from backend.checkpoint import load_model
 from backend.config import EngineConfig
 from backend.memory_plan import free_memory_bytes, plan_kv_cache
+from backend.model_config import load_model_config
 from backend.model_runner import ModelRunner
+from backend.parallel.driver import ParallelModelRunner
 from backend.sampler import sample
 from backend.sampling_params import InvalidRequestError
 from backend.scheduler import Scheduler
@@ -58,8 +60,9 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.config = config
         self.device = torch.device(config.device)
-        self.model = load_model(ckpt_dir, self.device)
-        cfg = self.model.config
+        self.model_config = cfg = load_model_config(ckpt_dir)
+        # A sharded checkpoint runs on one process per rank (backend/parallel/): no whole model in this one.
+        self.model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device)
         if config.max_seq_len > cfg.max_position_embeddings:
             raise ValueError(
                 f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings "
@@ -69,7 +72,8 @@ class LLMEngine:
         log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
                  cfg.num_key_value_heads, cfg.head_size, cfg.dtype)
         self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse)
-        self.runner = ModelRunner(self.model, self.blocks, self.device)
+        self.runner = (ModelRunner(self.model, self.blocks, self.device) if self.model is not None
+                       else ParallelModelRunner(ckpt_dir, cfg, self.blocks, self.device, config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)
         self.sequences: dict[str, Sequence] = {}
         self.iterations = 0
@@ -77,7 +81,11 @@ class LLMEngine:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.config.vocab_size
+        return self.model_config.vocab_size
+
+    def close(self) -> None:
+        """Release what outlives the object (a parallel engine's worker processes)."""
+        self.runner.close()
 
     def validate(self, request: Request) -> None:
         """Refuse at admission what could never run (raises InvalidRequestError naming the limit)."""

@@ -15,8 +15,6 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 def load_model_config(ckpt_dir: Path) -> ModelConfig:
     cfg = TrtllmCheckpointConfig.from_json(Path(ckpt_dir))
-    if cfg.mapping.world_size != 1:
-        raise ValueError(f"{ckpt_dir}: sharded checkpoints (mapping {cfg.mapping}) are not supported by this runtime yet")
     quant = cfg.quantization
     if quant.quant_algo or quant.kv_cache_quant_algo:
         raise ValueError(f"{ckpt_dir}: quantized checkpoints ({quant}) are not supported by this runtime yet")

@@ -1,4 +1,4 @@
-"""`python -m build_engines {demo,tokenizer,tiny,random,convert}`: each prints the path it produced.
+"""`python -m build_engines {demo,tokenizer,tiny,random,convert,shard}`: each prints the path it produced.
 
 Progress and logs go to stderr; stdout carries only the resulting directory, so scripts
 can do `HF=$(python -m build_engines demo)`.
@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--out", type=Path, required=True)
     conv.add_argument("--dtype", choices=DTYPES, default="float32")
     conv.set_defaults(run=_convert)
+
+    shard = sub.add_parser("shard", help="TensorRT-LLM checkpoint dir -> tp x pp rank files (TRT-LLM's split rules)")
+    shard.add_argument("src", type=Path, help="unsharded checkpoint dir (config.json + rank0.safetensors)")
+    shard.add_argument("dst", type=Path, help="sharded checkpoint dir to write (replaced)")
+    shard.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    shard.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    shard.set_defaults(run=_shard)
     return parser
 
 
@@ -89,3 +96,11 @@ def _random(args: argparse.Namespace) -> Path:
 def _convert(args: argparse.Namespace) -> Path:
     from .convert import convert_hf_to_trtllm
     return convert_hf_to_trtllm(args.hf, args.out, args.dtype)
+
+
+def _shard(args: argparse.Namespace) -> Path:
+    from .shard import shard_checkpoint
+    try:
+        return shard_checkpoint(args.src, args.dst, args.tp, args.pp)
+    except ValueError as exc:  # a model that cannot be split this way: the message says what would work
+        raise SystemExit(f"error: {exc}") from None

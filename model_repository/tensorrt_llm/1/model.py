@@ -172,4 +172,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.shutdown()
+        self.engine.close()  # a parallel engine's worker processes exit here
         self.metrics = self.tenant_metrics = None  # metric families are released with this model
