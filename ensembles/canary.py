@@ -57,6 +57,9 @@ class CanaryController:
         self.client = client or httpclient.InferenceServerClient(opts.url, network_timeout=600.0)
         self.headers = {opts.admin_header: opts.admin_key} if opts.admin_key else None
 
+    def close(self) -> None:
+        self.client.close()
+
     # -- state -------------------------------------------------------------------------------------------------
     def table(self) -> RoutingTable:
         try:

@@ -24,6 +24,7 @@ from ensembles.canary_render import render_canary
 from ensembles.render import RepoSpec
 from ensembles.server import ServerOptions, TritonServer
 from ensembles.versions import install_version
+from tests.integration import metrics
 from tests.integration.conftest import _free_ports
 from tests.integration.trtllm_direct import tensor
 
@@ -43,6 +44,7 @@ def canary(demo, tmp_path_factory):
     srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
     control = CanaryController(ControlOptions(srv.http_url, repo, drain_s=0.5))
     yield srv, control
+    control.close()
     srv.stop()
     log = (root / "tritonserver.log").read_text(errors="replace")
     assert "Segmentation fault" not in log and "Traceback" not in log, log[-4000:]
@@ -205,6 +207,32 @@ def _first_versions(srv, keys: list[str], as_parameter: bool = False) -> list[in
         stream.close()
 
 
+def test_cancelled_streams_stop_on_the_version_serving_them(canary):
+    """postprocessing sends `stop` (by request_key) to the router, which forwards it to the serving version."""
+    srv, control = canary
+    port = srv.opts.metrics_port
+    assert control.table().canary == 2  # two versions serve, 70/30
+    got_tokens = threading.Semaphore(0)
+    clients = []
+    try:
+        for i in range(8):
+            client = grpcclient.InferenceServerClient(srv.grpc_url)
+            clients.append(client)
+            client.start_stream(callback=lambda result, error: got_tokens.release())
+            inputs = {"text_input": np.array([[f"def cancelled_{i}(x):\n".encode()]], dtype=object),
+                      "max_tokens": np.array([[400]], dtype=np.int32), "stream": np.array([[True]])}
+            client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()])
+        for _ in range(16):
+            assert got_tokens.acquire(timeout=120)
+    finally:
+        for client in clients:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+    for version in ("1", "2"):
+        assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, request_type="active",
+                                version=version) == 0.0, version
+
+
 def test_promote_under_load_fails_no_request(canary):
     srv, control = canary
     with Load(srv.grpc_url) as load:
@@ -214,6 +242,7 @@ def test_promote_under_load_fails_no_request(canary):
         _wait_for_requests(load, 2, 40)
     assert load.failures == [], load.failures[:5]
     assert load.done[1] > 0 and load.done[2] > 0, load.done
+    print(f"promotion under {STREAMS} streams: requests served per version {dict(load.done)}, 0 failed")
     assert control.status()["loaded"] == [2] and control.table().stable == 2
     assert _served(srv.grpc_url, 32) == {2: 32}
 
@@ -227,6 +256,7 @@ def test_rollback_under_load_fails_no_request(canary):
         _wait_for_requests(load, 2, 40)
     assert load.failures == [], load.failures[:5]
     assert load.done[3] > 0, load.done
+    print(f"rollback under {STREAMS} streams: requests served per version {dict(load.done)}, 0 failed")
     assert control.status()["loaded"] == [2] and control.table().canary is None
     assert _served(srv.grpc_url, 32) == {2: 32}
     error = _pin_error(srv, pin_version=np.array([[3]], dtype=np.int32))
