@@ -134,9 +134,10 @@ class CanaryController:
             if not self._call(self.client.is_model_ready, self.opts.model, str(version), headers=self.headers):
                 raise CanaryError(f"{self.opts.model} version {version} did not become ready; see the server log")
 
-    @staticmethod
-    def _call(fn, *args, **kwargs):
+    def _call(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
             raise CanaryError(f"server refused {fn.__name__}: {exc.message()}") from exc
+        except OSError as exc:
+            raise CanaryError(f"cannot reach Triton at {self.opts.url}: {exc}") from exc

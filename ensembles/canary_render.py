@@ -67,7 +67,8 @@ def route_ensemble(config: str) -> str:
     config = _replace_once(config, step.format("tensorrt_llm"), step.format(ROUTER)
                            + '      input_map { key: "session_id" value: "session_id" }\n'
                            + '      input_map { key: "pin_version" value: "pin_version" }\n'
-                           + '      output_map { key: "served_version" value: "_SERVED_VERSION" }\n', "tensorrt_llm step")
+                           + '      output_map { key: "served_version" value: "_SERVED_VERSION" }\n',
+                           "tensorrt_llm step")
     return _replace_once(config, step.format("postprocessing"), step.format("postprocessing")
                          + '      input_map { key: "SERVED_VERSION" value: "_SERVED_VERSION" }\n'
                          + '      output_map { key: "OUT_SERVED_VERSION" value: "served_version" }\n',

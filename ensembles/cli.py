@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--tokenizer-dir", type=Path)
         p.add_argument("--out", type=Path, default=DEFAULT_REPO_OUT, help="where the repository is rendered")
         p.add_argument("--canary", action="store_true",
-                       help="with the canary router before the LLM model (docs/canary.md); serve: explicit model control")
+                       help="with the canary router before the LLM model (docs/canary.md); "
+                            "serve: explicit model control")
         for field_name in _TUNABLE:
             p.add_argument(f"--{field_name.replace('_', '-')}", dest=field_name, default=None,
                            type=_ARG_TYPES[field_name], metavar=field_name.upper())

@@ -31,7 +31,8 @@ def test_version_stats_from_metrics_text():
 
 
 def test_histogram_quantile_interpolates_like_prometheus():
-    assert histogram_quantile(0.5, [(1.0, 10), (2.0, 30), (float("inf"), 30)]) == pytest.approx(1.25)  # rank 15: 5 of 20 into (1, 2]
+    # rank 15 of 30: 5 of the 20 observations into (1, 2]
+    assert histogram_quantile(0.5, [(1.0, 10), (2.0, 30), (float("inf"), 30)]) == pytest.approx(1.25)
     assert histogram_quantile(0.99, [(1.0, 10), (float("inf"), 20)]) == 1.0
     assert histogram_quantile(0.5, [(1.0, 0), (float("inf"), 0)]) is None
 

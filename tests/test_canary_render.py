@@ -45,7 +45,8 @@ def test_ensemble_routes_through_router_and_reports_version(repo):
 
 def test_llm_serves_version_1_and_postprocessing_stops_through_router(repo):
     assert "version_policy: { specific: { versions: [ 1 ] } }" in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
-    assert 'key: "stop_model" value: { string_value: "router" }' in (repo / "postprocessing" / "config.pbtxt").read_text()
+    postprocessing = (repo / "postprocessing" / "config.pbtxt").read_text()
+    assert 'key: "stop_model" value: { string_value: "router" }' in postprocessing
     assert RoutingTable.from_json(routing_file(repo).read_text()) == RoutingTable({1: 100}, stable=1)
 
 
