@@ -7,6 +7,7 @@ Two levers, each graceful:
   and unloads a dropped version once its in-flight requests are done);
 - how requests are split: the router's routing table file (backend/canary_router.py), replaced atomically; the
   router re-reads it by mtime, so nothing is reloaded.
+The loaded set is also written into tensorrt_llm/config.pbtxt, so a restarted server loads what the table routes to.
 Promote / roll back: weight 100 to the survivor, wait `drain_s` (requests already routed to the other version
 start), drop the other version from the table, then unload it (Triton waits for its in-flight requests).
 """
@@ -21,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from backend.canary_router import RoutingTable
-from ensembles.canary_render import routing_file
+from ensembles.canary_render import persist_versions, routing_file
 from ensembles.versions import LLM_MODEL, list_versions
 
 
@@ -133,6 +134,7 @@ class CanaryController:
         for version in versions:
             if not self._call(self.client.is_model_ready, self.opts.model, str(version), headers=self.headers):
                 raise CanaryError(f"{self.opts.model} version {version} did not become ready; see the server log")
+        persist_versions(self.opts.model_repository, versions, self.opts.model)
 
     def _call(self, fn, *args, **kwargs):
         try:

@@ -23,6 +23,7 @@ ROUTING_FILE = "routing.json"
 _RESHAPE = re.compile(r"\s*reshape: \{ shape: \[ \] \}")
 _ENSEMBLE_INPUTS = ('  { name: "session_id" data_type: TYPE_STRING dims: [ 1 ] optional: true },\n'
                     '  { name: "pin_version" data_type: TYPE_INT32 dims: [ 1 ] optional: true },\n')
+_POLICY = re.compile(r"^version_policy: .*$", re.MULTILINE)
 _VERSION_OUTPUT = '  { name: "served_version" data_type: TYPE_INT32 dims: [ 1 ] },\n'
 
 
@@ -75,6 +76,22 @@ def route_ensemble(config: str) -> str:
                          "postprocessing step")
 
 
+def version_policy_line(versions: list[int]) -> str:
+    return f"version_policy: {{ specific: {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}"
+
+
+def persist_versions(repo_dir: Path, versions: list[int], model: str = "tensorrt_llm") -> None:
+    """Write the loaded version set into the model's config.pbtxt, so a restarted server loads the same versions
+    the routing table routes to (the running server is unaffected: explicit mode re-reads only on load)."""
+    path = Path(repo_dir) / model / "config.pbtxt"
+    text, count = _POLICY.subn(version_policy_line(versions), path.read_text())
+    if count != 1:
+        raise ValueError(f"{path}: expected one version_policy line (render the repository with --canary)")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _append(path: Path, line: str) -> None:
     path.write_text(path.read_text().rstrip("\n") + "\n" + line + "\n")
 
@@ -93,7 +110,7 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     RoutingTable({1: 100}, stable=1).write(routing)
     ensemble = repo / "ensemble" / "config.pbtxt"
     ensemble.write_text(route_ensemble(ensemble.read_text()))
-    _append(repo / "tensorrt_llm" / "config.pbtxt", "version_policy: { specific: { versions: [ 1 ] } }")
+    _append(repo / "tensorrt_llm" / "config.pbtxt", version_policy_line([1]))
     _append(repo / "postprocessing" / "config.pbtxt",
             'parameters { key: "stop_model" value: { string_value: "router" } }')
     return repo

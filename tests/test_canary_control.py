@@ -7,7 +7,7 @@ import pytest
 
 from backend.canary_router import RoutingTable
 from ensembles.canary import CanaryController, CanaryError, ControlOptions
-from ensembles.canary_render import ROUTER, ROUTING_FILE, routing_file
+from ensembles.canary_render import ROUTER, ROUTING_FILE, routing_file, version_policy_line
 
 
 class FakeTriton:
@@ -37,6 +37,7 @@ class FakeTriton:
 def control(tmp_path):
     for version in (1, 2, 3):
         (tmp_path / "tensorrt_llm" / str(version)).mkdir(parents=True)
+    (tmp_path / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n' + version_policy_line([1]) + "\n")
     (tmp_path / ROUTER).mkdir()
     RoutingTable({1: 100}, stable=1).write(tmp_path / ROUTER / ROUTING_FILE)
     return CanaryController(ControlOptions("x:1", tmp_path, admin_key="k", drain_s=0.0), FakeTriton(tmp_path))
@@ -48,6 +49,8 @@ def test_start_loads_both_then_routes(control):
     (load,) = [c for c in control.client.calls if c[0] == "load"]
     assert load[1] == [1, 2] and load[2] == RoutingTable({1: 100}, stable=1)  # loaded before any traffic moves
     assert load[3] == {"admin-key": "k"}
+    config = (control.opts.model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "version_policy: { specific: { versions: [ 1, 2 ] } }" in config
     assert control.status() == {"stable": 1, "canary": 2, "weights": {"1": 90, "2": 10}, "loaded": [1, 2],
                                 "installed": [1, 2, 3]}
 
@@ -59,6 +62,8 @@ def test_promote_routes_away_before_unloading(control):
     last = [c for c in control.client.calls if c[0] == "load"][-1]
     assert last[1] == [2] and last[2] == RoutingTable({2: 100}, stable=2)
     assert control.client.loaded == [2]
+    config = (control.opts.model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "version_policy: { specific: { versions: [ 2 ] } }" in config  # a restart loads what is routed to
 
 
 def test_rollback_returns_to_stable(control):

@@ -246,6 +246,8 @@ def test_promote_under_load_fails_no_request(canary):
     assert load.done[1] > 0 and load.done[2] > 0, load.done
     print(f"promotion under {STREAMS} streams: requests served per version {dict(load.done)}, 0 failed")
     assert control.status()["loaded"] == [2] and control.table().stable == 2
+    config = (control.opts.model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "versions: [ 2 ]" in config  # a restarted server loads the version the table routes to
     assert _served(srv.grpc_url, 32) == {2: 32}
 
 
