@@ -26,7 +26,7 @@ from ensembles.server import ServerOptions, TritonServer
 from ensembles.versions import install_version
 from tests.integration import metrics
 from tests.integration.conftest import _free_ports
-from tests.integration.trtllm_direct import tensor
+from tests.integration.trtllm_direct import stream_infer, tensor
 
 STREAMS = 16
 
@@ -148,6 +148,20 @@ def test_starts_serving_version_1_with_the_anchor_outputs(canary):
     finally:
         stream.close()
     assert control.status()["loaded"] == [1]
+
+
+def test_several_sequences_and_rows_all_arrive_through_the_router(canary):
+    """The router ends a forwarded request after one final response per row and returned sequence."""
+    srv, _ = canary
+    inputs = {"text_input": np.array([[b"def "], [b"import "]], dtype=object),
+              "max_tokens": np.array([[3], [3]], dtype=np.int32),
+              "num_return_sequences": np.array([[2], [1]], dtype=np.int32),
+              "top_k": np.array([[40], [40]], dtype=np.int32), "seed": np.array([[1], [2]], dtype=np.uint64)}
+    results = stream_infer(srv.grpc_url, "ensemble", [tensor(k, v) for k, v in inputs.items()])
+    rows = sorted((int(r.as_numpy("batch_index")[0, 0]), int(r.as_numpy("sequence_index")[0, 0])) for r in results
+                  if r.as_numpy("text_output") is not None)
+    assert rows == [(0, 0), (0, 1), (1, 0)], rows
+    assert all(int(r.as_numpy("served_version")[0, 0]) == 1 for r in results if r.as_numpy("text_output") is not None)
 
 
 def test_pinned_unknown_version_is_invalid_arg(canary):
