@@ -1,4 +1,5 @@
-"""`python -m ensembles {render,serve}`: render the model repository, serve it with tritonserver."""
+"""`python -m ensembles {render,serve,canary}`: render the model repository, serve it with tritonserver, roll out
+canary versions (ensembles/canary_cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -46,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--tokenizer-dir", type=Path)
         p.add_argument("--out", type=Path, default=DEFAULT_REPO_OUT, help="where the repository is rendered")
         p.add_argument("--limits-file", type=Path, help="tenants' rate limits (TOML/YAML; docs/rate_limiting.md)")
+        p.add_argument("--canary", action="store_true",
+                       help="with the canary router before the LLM model (docs/canary.md); "
+                            "serve: explicit model control")
         for field_name in _TUNABLE:
             p.add_argument(f"--{field_name.replace('_', '-')}", dest=field_name, default=None,
                            type=_ARG_TYPES[field_name], metavar=field_name.upper())
@@ -77,6 +81,10 @@ def _render(args) -> Path:
     if args.limits_file:
         overrides["limits_file"] = args.limits_file.resolve()
     spec = RepoSpec(engine_dir=model.engine_dir, tokenizer_dir=model.tokenizer_dir, **overrides)
+    if args.canary:
+        from ensembles.canary_render import render_canary
+
+        return render_canary(spec, args.out)
     return render(spec, args.out)
 
 
@@ -91,6 +99,11 @@ def admin_key(given: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["canary"]:
+        from ensembles.canary_cli import main as canary_main
+
+        return canary_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         repo = args.model_repository if getattr(args, "model_repository", None) else _render(args)
@@ -101,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(repo)
         return 0
     opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
-                         admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id")
+                         admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id",
+                         model_control_mode="explicit" if args.canary else "none")
     install = find_tritonserver()
     cmd = server_command(install, opts)
     print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}",

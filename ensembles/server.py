@@ -36,8 +36,12 @@ class ServerOptions:
     # settings need this key in the ADMIN_HEADER header. None: unrestricted (tests that drive these APIs).
     admin_key: str | None = None
     tenant_header: str | None = "x-tenant-id"  # gRPC header forwarded to the models as a request parameter
+    # "explicit": models are loaded/unloaded through the model-control API (canary versions); all load at start.
+    model_control_mode: str = "none"
 
     def __post_init__(self) -> None:
+        if self.model_control_mode not in ("none", "explicit"):
+            raise ValueError(f"model_control_mode must be none or explicit, got {self.model_control_mode!r}")
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise ValueError(f"http, grpc and metrics ports must be three distinct ports in 1..65535, got {ports}")
@@ -105,6 +109,8 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
     ]
     if install.backend_dir is not None:
         cmd.append(f"--backend-directory={install.backend_dir}")
+    if opts.model_control_mode == "explicit":
+        cmd += ["--model-control-mode=explicit", "--load-model=*"]
     return cmd + security_args(opts) + list(opts.extra_args)
 
 

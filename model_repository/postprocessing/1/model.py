@@ -15,7 +15,7 @@ _PASS_THROUGH = (
     "CUM_LOG_PROBS", "OUTPUT_LOG_PROBS", "CONTEXT_LOGITS", "GENERATION_LOGITS", "BATCH_INDEX", "SEQUENCE_INDEX",
     "NUM_INPUT_TOKENS", "NUM_OUTPUT_TOKENS", "KV_CACHE_ALLOC_NEW_BLOCKS", "KV_CACHE_REUSED_BLOCKS",
     "KV_CACHE_ALLOC_TOTAL_BLOCKS", "ARRIVAL_TIME_NS", "FIRST_SCHEDULED_TIME_NS", "FIRST_TOKEN_TIME_NS",
-    "LAST_TOKEN_TIME_NS",
+    "LAST_TOKEN_TIME_NS", "SERVED_VERSION",
 )
 
 
@@ -29,6 +29,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.post = Postprocessor(config["parameters"]["tokenizer_dir"]["string_value"])
         self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
+        # Where `stop` goes: the LLM model, or the canary router in front of its versions (ensembles/canary_render.py).
+        self.stop_model = config["parameters"].get("stop_model", {}).get("string_value", "tensorrt_llm")
 
     def execute(self, requests):
         for request in requests:
@@ -46,7 +48,7 @@ class TritonPythonModel:
         inputs = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
                   pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
                   pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
-        stop = pb_utils.InferenceRequest(model_name="tensorrt_llm", inputs=inputs, requested_output_names=[])
+        stop = pb_utils.InferenceRequest(model_name=self.stop_model, inputs=inputs, requested_output_names=[])
         for response in stop.exec(decoupled=True):
             if response.has_error():
                 pb_utils.Logger.log_warn(f"stopping a cancelled request failed: {response.error().message()}")

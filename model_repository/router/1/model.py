@@ -1,0 +1,179 @@
+"""Triton adapter for the canary router: picks a version of the LLM model per request (backend.canary_router) and
+streams that version's responses back unchanged, plus `served_version` (the version that served it).
+
+Decoupled BLS: each request is forwarded from its own thread, so a long stream never blocks the others.
+A `stop` request (postprocessing stopping a cancelled request by request_key) goes to the version that serves
+that key, or to every served version when the key is unknown here.
+"""
+import json
+import threading
+
+import numpy as np
+
+import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
+import triton_python_backend_utils as pb_utils
+
+from backend.canary_router import (RoutingError, RoutingFile, Router, RoutingTable, expected_finals, pinned_version,
+                                   routing_key)
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_ROUTER_INPUTS = ("session_id", "pin_version")  # ours; every other input goes to the LLM as it came
+
+
+def _error(message, code=None):
+    code = pb_utils.TritonError.INTERNAL if code is None else code
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.llm = params["llm_model"]
+        self.input_names = [i["name"] for i in config["input"]]
+        self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "served_version"]
+        self.routing = RoutingFile(params["routing_file"], Router(RoutingTable({1: 100}, stable=1)))
+        self.routing.refresh()
+        if self.routing.last_error:
+            raise pb_utils.TritonModelException(f"router: {self.routing.last_error}")
+        self.served_by_key = {}  # request_key -> version, while its stream runs (for `stop`)
+        self.lock = threading.Lock()
+        # One BLS submission or response send at a time: from several threads at once the Python backend of
+        # Triton 2.51 crashes (segfault in libtriton_python.so with 4 concurrent streams; fine with this lock).
+        self.ipc = threading.Lock()
+        self.threads = set()
+        family = pb_utils.MetricFamily(name="tritonllm_router_requests_total", kind=pb_utils.MetricFamily.COUNTER,
+                                       description="Requests routed, by served version and outcome (ok, error)")
+        self.counter_family, self.counters = family, {}
+
+    def execute(self, requests):
+        for request in requests:
+            # Copy everything out of the request now: its tensors' memory is released once execute returns.
+            arrays = {}
+            for name in self.input_names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    arrays[name] = np.array(tensor.as_numpy(), copy=True)
+            params = json.loads(request.parameters() or "{}")
+            thread = threading.Thread(target=self._serve, args=(request.get_response_sender(), arrays, params),
+                                      daemon=True)
+            with self.lock:
+                self.threads.add(thread)
+            thread.start()
+        return None
+
+    def _serve(self, sender, arrays, params):
+        try:
+            self._route(sender, arrays, params)
+        except RoutingError as exc:
+            self._send(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
+        except Exception as exc:  # never leave a client without its final response
+            self._send(sender, _error(f"router: {exc}"))
+        finally:
+            with self.lock:
+                self.threads.discard(threading.current_thread())
+
+    def _route(self, sender, arrays, params):
+        inputs = [pb_utils.Tensor(name, arrays[name]) for name in self.input_names
+                  if name in arrays and name not in _ROUTER_INPUTS]
+        stop = arrays.get("stop")
+        if stop is not None and bool(stop.reshape(-1)[0]):
+            return self._stop(arrays.get("request_key"), inputs, sender)
+        session, pin_input = arrays.get("session_id"), arrays.get("pin_version")
+        key = routing_key(params, None if session is None else session.reshape(-1)[0].decode())
+        pin = pinned_version(params, None if pin_input is None else int(pin_input.reshape(-1)[0]))
+        finals = expected_finals(arrays["input_ids"].shape[0], arrays.get("num_return_sequences"))
+        unavailable = frozenset()
+        while True:
+            version = self.routing.refresh().choose(key, pin, unavailable)
+            if self._forward(inputs, version, finals, sender, retry_allowed=pin is None):
+                return
+            unavailable |= {version}  # unloaded between the choice and the call (a promotion): choose again
+
+    def _forward(self, inputs, version, finals, sender, retry_allowed):
+        """Stream version's responses to sender; False (nothing sent) when the version is gone and a retry may help."""
+        llm_request = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
+                                                requested_output_names=self.llm_outputs)
+        served = np.full((1, 1), version, dtype=np.int32)
+        sent = done = 0
+        try:
+            with self.ipc:
+                responses = llm_request.exec(decoupled=True)
+            for response in responses:
+                if done >= finals:
+                    continue  # the empty final response after the last one forwarded
+                if response.has_error():
+                    if sent == 0 and retry_allowed and self._gone(version):
+                        return False
+                    self._send(sender, response)
+                    self._count(version, "error")
+                    return True
+                # Copies: the BLS response's memory goes with it, the forwarded response must outlive it.
+                arrays = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
+                if not arrays:
+                    continue
+                done += self._track(arrays, version)
+                tensors = [pb_utils.Tensor(name, value) for name, value in arrays.items()]
+                self._send(sender, pb_utils.InferenceResponse(tensors + [pb_utils.Tensor("served_version", served)]),
+                           _FINAL if done >= finals else 0)
+                sent += 1
+        except pb_utils.TritonModelException:
+            if sent == 0 and retry_allowed and self._gone(version):
+                return False
+            raise
+        if done < finals:
+            self._send(sender, None)
+        self._count(version, "ok")
+        return True
+
+    def _track(self, by_name, version):
+        """Remember which version serves each request_key until its final response; 1 when this one is final."""
+        final = bool(by_name["stream_final"].reshape(-1)[0]) if "stream_final" in by_name else False
+        key = int(by_name["request_key"].reshape(-1)[0]) if "request_key" in by_name else None
+        with self.lock:
+            if key is not None and final:
+                self.served_by_key.pop(key, None)
+            elif key is not None:
+                self.served_by_key[key] = version
+        return int(final)
+
+    def _stop(self, key, inputs, sender):
+        with self.lock:
+            known = None if key is None else self.served_by_key.get(int(key.reshape(-1)[0]))
+        versions = [known] if known is not None else self.routing.refresh().table.versions
+        for version in versions:
+            stop = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
+                                             requested_output_names=[])
+            try:
+                with self.ipc:
+                    responses = stop.exec(decoupled=True)
+                for response in responses:
+                    if response.has_error():
+                        pb_utils.Logger.log_warn(f"router: stop on version {version}: {response.error().message()}")
+            except pb_utils.TritonModelException as exc:
+                pb_utils.Logger.log_warn(f"router: stop on version {version}: {exc}")
+        self._send(sender, None)
+
+    def _gone(self, version):
+        with self.ipc:
+            return not pb_utils.is_model_ready(self.llm, str(version))
+
+    def _send(self, sender, response, flags=_FINAL):
+        with self.ipc:
+            sender.send(response, flags=flags)
+
+    def _count(self, version, outcome):
+        label = (str(version), outcome)
+        with self.lock:
+            with self.ipc:
+                if label not in self.counters:
+                    self.counters[label] = self.counter_family.Metric(
+                        labels={"model": self.llm, "served_version": label[0], "outcome": outcome})
+                self.counters[label].increment(1)
+
+    def finalize(self):
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=60)
+        self.counters, self.counter_family = {}, None

@@ -1,0 +1,303 @@
+"""Canary versions through the real tritonserver: the router's weighted split and sticky keys, version pins, and
+promotion / rollback under a bounded load of streams with zero failed requests (docs/canary.md).
+
+Own server (explicit model control, repository rendered with the router); versions 2 and 3 serve the demo checkpoint
+again (a build installed as a new version): what differs is the version number each response reports.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ensembles.canary import CanaryController, ControlOptions
+from ensembles.canary_cli import main as canary_main
+from ensembles.canary_render import render_canary
+from ensembles.render import RepoSpec
+from ensembles.server import ServerOptions, TritonServer
+from ensembles.versions import install_version
+from tests.integration import metrics
+from tests.integration.conftest import _free_ports
+from tests.integration.trtllm_direct import stream_infer, tensor
+
+STREAMS = 16
+
+
+ADMIN_KEY = "canary-test-admin-key"  # the server restricts model control, as `python -m ensembles serve` does
+
+
+@pytest.fixture(scope="module")
+def canary(demo, tmp_path_factory):
+    root = tmp_path_factory.mktemp("canary")
+    spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=16,
+                    max_input_len=256, max_seq_len=512, max_num_tokens=512, max_tokens_in_paged_kv_cache=8192)
+    repo = render_canary(spec, root / "model_repository")
+    for version in (2, 3):
+        install_version(repo, demo.engine_dir, version=version, meta={"note": "same checkpoint, new version"})
+    srv = TritonServer(ServerOptions(repo, *_free_ports(3), model_control_mode="explicit", admin_key=ADMIN_KEY),
+                       log_path=root / "tritonserver.log")
+    srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
+    control = CanaryController(ControlOptions(srv.http_url, repo, admin_key=ADMIN_KEY, drain_s=0.5))
+    yield srv, control
+    control.close()
+    srv.stop()
+    log = (root / "tritonserver.log").read_text(errors="replace")
+    assert "Segmentation fault" not in log and "Traceback" not in log, log[-4000:]
+
+
+class Stream:
+    """One gRPC stream sending requests one after another; each returns its versions seen, or raises its error."""
+
+    def __init__(self, url: str) -> None:
+        self.client = grpcclient.InferenceServerClient(url)
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+
+    def generate(self, max_tokens: int = 1, stream: bool = False, parameters: dict | None = None,
+                 **extra: np.ndarray) -> list[int]:
+        inputs = {"text_input": np.array([[b"def "]], dtype=object),
+                  "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[stream]]), **extra}
+        self.client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()],
+                                       request_id=uuid.uuid4().hex, parameters=parameters,
+                                       enable_empty_final_response=True)
+        versions = []
+        while True:
+            result, error = self.responses.get(timeout=120)
+            if error is not None:
+                raise error
+            if result.as_numpy("served_version") is not None:
+                versions.append(int(result.as_numpy("served_version").reshape(-1)[0]))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return versions
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+def _served(url: str, count: int, **kwargs) -> collections.Counter:
+    """Versions serving `count` requests sent over STREAMS concurrent streams."""
+    def run(n: int) -> list[int]:
+        stream = Stream(url)
+        try:
+            return [stream.generate(**kwargs)[-1] for _ in range(n)]
+        finally:
+            stream.close()
+
+    shares = [count // STREAMS + (i < count % STREAMS) for i in range(STREAMS)]
+    with ThreadPoolExecutor(STREAMS) as pool:
+        return collections.Counter(v for part in pool.map(run, shares) for v in part)
+
+
+class Load:
+    """STREAMS streams generating (streamed, a few tokens) until stopped; counts completed and failed requests."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.stop_event = url, threading.Event()
+        self.done: collections.Counter = collections.Counter()
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(STREAMS)]
+
+    def _run(self) -> None:
+        stream = Stream(self.url)
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    versions = stream.generate(max_tokens=4, stream=True)
+                    assert len(set(versions)) == 1, f"one request, several versions: {versions}"
+                    with self.lock:
+                        self.done[versions[-1]] += 1
+                except Exception as exc:  # noqa: BLE001 -- every failure is counted and reported
+                    with self.lock:
+                        self.failures.append(repr(exc))
+        finally:
+            stream.close()
+
+    def __enter__(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+
+def _pin_error(srv, **kwargs) -> InferenceServerException:
+    stream = Stream(srv.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            stream.generate(**kwargs)
+        return info.value
+    finally:
+        stream.close()
+
+
+def test_starts_serving_version_1_with_the_anchor_outputs(canary):
+    srv, control = canary
+    stream = Stream(srv.grpc_url)
+    try:
+        assert stream.generate(max_tokens=2) == [1]
+    finally:
+        stream.close()
+    assert control.status()["loaded"] == [1]
+
+
+def test_several_sequences_and_rows_all_arrive_through_the_router(canary):
+    """The router ends a forwarded request after one final response per row and returned sequence."""
+    srv, _ = canary
+    inputs = {"text_input": np.array([[b"def "], [b"import "]], dtype=object),
+              "max_tokens": np.array([[3], [3]], dtype=np.int32),
+              "num_return_sequences": np.array([[2], [1]], dtype=np.int32),
+              "top_k": np.array([[40], [40]], dtype=np.int32), "seed": np.array([[1], [2]], dtype=np.uint64)}
+    results = stream_infer(srv.grpc_url, "ensemble", [tensor(k, v) for k, v in inputs.items()])
+    rows = sorted((int(r.as_numpy("batch_index")[0, 0]), int(r.as_numpy("sequence_index")[0, 0])) for r in results
+                  if r.as_numpy("text_output") is not None)
+    assert rows == [(0, 0), (0, 1), (1, 0)], rows
+    assert all(int(r.as_numpy("served_version")[0, 0]) == 1 for r in results if r.as_numpy("text_output") is not None)
+
+
+def test_pinned_unknown_version_is_invalid_arg(canary):
+    srv, _ = canary
+    for kwargs in ({"pin_version": np.array([[7]], dtype=np.int32)}, {"parameters": {"model_version": 7}}):
+        assert "model_version 7 is not served; served versions: [1]" in _pin_error(srv, **kwargs).message()
+    # HTTP generate: JSON fields that are not inputs become request parameters; 400 is Triton's INVALID_ARG.
+    for extra in ({"pin_version": 7}, {"model_version": 7}):
+        resp = requests.post(f"http://{srv.http_url}/v2/models/ensemble/generate",
+                             json={"text_input": "def ", "max_tokens": 1, **extra}, timeout=60)
+        assert resp.status_code == 400 and "model_version 7 is not served" in resp.json()["error"], resp.text
+    resp = requests.post(f"http://{srv.http_url}/v2/models/ensemble/generate",
+                         json={"text_input": "def ", "max_tokens": 1, "model_version": 1}, timeout=60)
+    assert resp.status_code == 200 and resp.json()["served_version"] == 1, resp.text
+
+
+def test_cli_refuses_unknown_version_and_bad_weight(canary, capsys):
+    srv, control = canary
+    base = ["--url", srv.http_url, "--model-repository", str(control.opts.model_repository)]
+    assert canary_main(base + ["status"]) == 2  # model control is behind the admin key
+    assert "server refused" in capsys.readouterr().err
+    base += ["--admin-key", ADMIN_KEY]
+    for argv, message in ((["start", "--version", "9", "--weight", "10"], "version 9 of tensorrt_llm is not installed"),
+                          (["start", "--version", "2", "--weight", "101"], "weight must be an integer in [0, 100]"),
+                          (["set-weight", "-1"], "weight must be an integer in [0, 100]"),
+                          (["set-weight", "20"], "no canary running"),
+                          (["promote"], "no canary running")):
+        assert canary_main(base + argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert control.status()["loaded"] == [1]
+
+
+def test_weighted_split_within_3_points_and_sticky_keys(canary, capsys):
+    srv, control = canary
+    control.start(version=2, weight=30)
+    assert control.status()["loaded"] == [1, 2]
+    counts = _served(srv.grpc_url, 1000)
+    assert sum(counts.values()) == 1000
+    assert abs(counts[2] / 1000 - 0.30) <= 0.03, counts
+    keys = [f"session-{i}" for i in range(40)]
+    first = {k: v for k, v in zip(keys, _first_versions(srv, keys))}
+    for _ in range(3):
+        assert dict(zip(keys, _first_versions(srv, keys))) == first
+    assert set(first.values()) == {1, 2}, first  # 40 keys at 70/30: both versions get some
+    for _ in range(3):  # a request parameter is a key too (Triton passes request parameters down the ensemble)
+        assert _first_versions(srv, keys[:8], as_parameter=True) == [first[k] for k in keys[:8]]
+    assert canary_main(["--url", srv.http_url, "--model-repository", str(control.opts.model_repository),
+                        "--admin-key", ADMIN_KEY, "compare",
+                        "--metrics-url", f"http://localhost:{srv.opts.metrics_port}/metrics"]) in (0, 3, 4)
+    report = capsys.readouterr().out
+    assert '"verdict"' in report and '"requests": 0' not in report, report
+    with capsys.disabled():
+        print(f"\nsplit over 1000 requests at 70/30: {dict(counts)}\ncanary compare: {report}")
+
+
+def _first_versions(srv, keys: list[str], as_parameter: bool = False) -> list[int]:
+    stream = Stream(srv.grpc_url)
+    try:
+        if as_parameter:
+            return [stream.generate(parameters={"session_id": k})[-1] for k in keys]
+        return [stream.generate(session_id=np.array([[k.encode()]], dtype=object))[-1] for k in keys]
+    finally:
+        stream.close()
+
+
+def test_cancelled_streams_stop_on_the_version_serving_them(canary):
+    """postprocessing sends `stop` (by request_key) to the router, which forwards it to the serving version."""
+    srv, control = canary
+    port = srv.opts.metrics_port
+    assert control.table().canary == 2  # two versions serve, 70/30
+    got_tokens = threading.Semaphore(0)
+    clients = []
+    try:
+        for i in range(8):
+            client = grpcclient.InferenceServerClient(srv.grpc_url)
+            clients.append(client)
+            client.start_stream(callback=lambda result, error: got_tokens.release())
+            inputs = {"text_input": np.array([[f"def cancelled_{i}(x):\n".encode()]], dtype=object),
+                      "max_tokens": np.array([[400]], dtype=np.int32), "stream": np.array([[True]])}
+            client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()])
+        for _ in range(16):
+            assert got_tokens.acquire(timeout=120)
+    finally:
+        for client in clients:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+    for version in ("1", "2"):
+        assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, request_type="active",
+                                version=version) == 0.0, version
+
+
+def test_promote_under_load_fails_no_request(canary):
+    srv, control = canary
+    with Load(srv.grpc_url) as load:
+        control.set_weight(50)
+        _wait_for_requests(load, 2, 20)
+        control.promote()
+        _wait_for_requests(load, 2, 40)
+    assert load.failures == [], load.failures[:5]
+    assert load.done[1] > 0 and load.done[2] > 0, load.done
+    print(f"promotion under {STREAMS} streams: requests served per version {dict(load.done)}, 0 failed")
+    assert control.status()["loaded"] == [2] and control.table().stable == 2
+    config = (control.opts.model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "versions: [ 2 ]" in config  # a restarted server loads the version the table routes to
+    assert _served(srv.grpc_url, 32) == {2: 32}
+
+
+def test_rollback_under_load_fails_no_request(canary):
+    srv, control = canary
+    with Load(srv.grpc_url) as load:
+        control.start(version=3, weight=50)
+        _wait_for_requests(load, 3, 20)
+        control.rollback()
+        _wait_for_requests(load, 2, 40)
+    assert load.failures == [], load.failures[:5]
+    assert load.done[3] > 0, load.done
+    print(f"rollback under {STREAMS} streams: requests served per version {dict(load.done)}, 0 failed")
+    assert control.status()["loaded"] == [2] and control.table().canary is None
+    assert _served(srv.grpc_url, 32) == {2: 32}
+    error = _pin_error(srv, pin_version=np.array([[3]], dtype=np.int32))
+    assert "model_version 3 is not served" in error.message()
+
+
+def _wait_for_requests(load: Load, version: int, more: int, timeout_s: float = 120.0) -> None:
+    """Until `more` further requests were served by `version` (the load keeps running meanwhile)."""
+    import time
+
+    with load.lock:
+        target = load.done[version] + more
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with load.lock:
+            if load.done[version] >= target or load.failures:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"version {version} served {load.done[version]} < {target} requests")
