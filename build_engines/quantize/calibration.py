@@ -68,19 +68,24 @@ class _Accumulator:
 
 
 def calibration_tokens(tokenizer_dir: Path, calib_text: Path | None, max_tokens: int) -> torch.Tensor:
-    """(n,) int64, n <= max_tokens: `calib_text`'s tokens, or the default held-out stdlib text's."""
+    """(n,) int64, 2 <= n <= max_tokens: `calib_text`'s tokens, or the default held-out stdlib text's."""
+    return text_tokens(tokenizer_dir, calib_text, max_tokens, CALIBRATION_PART)
+
+
+def text_tokens(tokenizer_dir: Path, text_file: Path | None, max_tokens: int, heldout_part: int) -> torch.Tensor:
+    """The first max_tokens tokens of a local text file, or (None) of that part of the held-out stdlib text."""
     if max_tokens < 2:
-        raise ValueError(f"max_calib_tokens must be >= 2, got {max_tokens}")
-    if calib_text is None:
-        text = heldout_part_text(max_tokens * CHARS_PER_TOKEN, CALIBRATION_PART)
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    if text_file is None:
+        text = heldout_part_text(max_tokens * CHARS_PER_TOKEN, heldout_part)
     else:
-        path = Path(calib_text)
+        path = Path(text_file)
         if not path.is_file():
-            raise FileNotFoundError(f"calibration text {path} not found")
+            raise FileNotFoundError(f"text file {path} not found")
         text = path.read_text(encoding="utf-8", errors="replace")[: max_tokens * CHARS_PER_TOKEN * 2]
     ids = AutoTokenizer.from_pretrained(str(tokenizer_dir))(text, add_special_tokens=False)["input_ids"]
     if len(ids) < 2:
-        raise ValueError(f"calibration text {calib_text or '(held-out stdlib)'} has {len(ids)} tokens; need text")
+        raise ValueError(f"text {text_file or '(held-out stdlib)'} has {len(ids)} tokens; need at least 2")
     return torch.tensor(ids[:max_tokens], dtype=torch.long)
 
 
