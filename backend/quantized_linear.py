@@ -2,7 +2,8 @@
 code knows nothing of them): each decoder layer's attention.qkv / attention.dense / mlp.fc / mlp.gate / mlp.proj
 becomes the module that executes its stored tensors (names and shapes: build_engines/shard.py, LINEAR_TENSORS).
 lm_head and the embedding stay float (what ModelOpt exports by default too), as do modules matched by
-`exclude_modules`. With an FP8 KV cache, each attention also holds its kv_cache_scaling_factor (1,), which the
+`exclude_modules` (matched against the names in the rank's own file: under pipeline parallelism its layers are
+numbered from 0). With an FP8 KV cache, each attention also holds its kv_cache_scaling_factor (1,), which the
 runner's KV pools use (backend/quantized_kv.py).
 
 Two steps, as the loaders need them: apply_quantization() swaps modules on the meta device (before

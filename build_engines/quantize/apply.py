@@ -2,12 +2,13 @@
 quantization block they mean, the tensors they write (names and shapes: build_engines/shard.py), and the
 one-call quantize_checkpoint().
 
-| method   | quant_algo | tensors per decoder linear (weight (out, in) float before)                               |
-|----------|------------|-------------------------------------------------------------------------------------------|
+| method   | quant_algo | tensors per decoder linear (its float weight was (out, in))                              |
+|----------|------------|------------------------------------------------------------------------------------------|
 | fp8      | FP8        | weight float8_e4m3fn (out, in), weights_scaling_factor (1,), activation_scaling_factor (1,) |
-| int4_awq | W4A16_AWQ  | weight int8 packed (out, in / 2), weights_scaling_factor (out, in / group), prequant_scaling_factor (in,) |
-| int4_rtn | W4A16_AWQ  | as int4_awq without prequant_scaling_factor (pre_quant_scale false: plain round-to-nearest) |
-| int8_wo  | W8A16      | weight int8 (out, in), per_channel_scale (out,)                                           |
+| int4_awq | W4A16_AWQ  | weight int8 (out, in / 2) packed, weights_scaling_factor (out, in / group),              |
+|          |            | prequant_scaling_factor (in,)                                                            |
+| int4_rtn | W4A16_AWQ  | as int4_awq without prequant_scaling_factor (pre_quant_scale false: round-to-nearest)    |
+| int8_wo  | W8A16      | weight int8 (out, in), per_channel_scale (out,)                                          |
 kv_cache fp8 adds transformer.layers.N.attention.kv_cache_scaling_factor (1,). lm_head and the embedding stay
 float (exclude_modules ["lm_head"], as ModelOpt's exports).
 """
@@ -136,10 +137,12 @@ def _awq_scales(weights: dict[str, torch.Tensor], names: list[str], group_size: 
 
 def quantize_checkpoint(src_ckpt_dir: Path, out_dir: Path, method: str, kv_cache: str = "none",
                         group_size: int = 128, calib_text: Path | None = None, tokenizer_dir: Path | None = None,
-                        max_calib_tokens: int = DEFAULT_CALIB_TOKENS, progress: bool = True) -> Path:
+                        max_calib_tokens: int = DEFAULT_CALIB_TOKENS, progress: bool = True,
+                        stats: ActivationStats | None = None) -> Path:
     """Write out_dir/config.json (with the quantization block) and out_dir/rank0.safetensors, atomically; return
     out_dir. src_ckpt_dir is an unsharded float checkpoint (shard the result with build_engines/shard.py).
-    Calibration (fp8, int4_awq, kv_cache fp8) tokenizes with tokenizer_dir (default: src_ckpt_dir)."""
+    Calibration (fp8, int4_awq, kv_cache fp8) tokenizes with tokenizer_dir (default: src_ckpt_dir); `stats`
+    from an earlier calibrate() of the same checkpoint skips it (several methods, one calibration)."""
     src_ckpt_dir, out_dir = Path(src_ckpt_dir), Path(out_dir)
     quant = quant_config(method, kv_cache, group_size)
     raw = json.loads((src_ckpt_dir / CONFIG_FILE).read_text())
@@ -148,8 +151,7 @@ def quantize_checkpoint(src_ckpt_dir: Path, out_dir: Path, method: str, kv_cache
         raise ValueError(f"{src_ckpt_dir} is sharded ({cfg.mapping}); quantize the unsharded checkpoint, then shard")
     if cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo:
         raise ValueError(f"{src_ckpt_dir} is already quantized ({cfg.quantization}); start from a float one")
-    stats = None
-    if needs_calibration(quant):
+    if needs_calibration(quant) and stats is None:
         tok = Path(tokenizer_dir) if tokenizer_dir else src_ckpt_dir
         if not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             raise ValueError(f"no tokenizer in {tok}: pass tokenizer_dir (the HF model directory) for calibration")
