@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .spec import DEMO_SOURCE, BuildSpec
+from .spec import DEMO_SOURCE, BuildSpec, SpecError
 from .report import BuildReport, Throughput, Verification, dir_bytes
 
 
@@ -31,6 +31,8 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
     from .shard import shard_checkpoint
 
     repo = Path(model_repository) if model_repository else spec.model_repository
+    if repo is not None:
+        _check_install_target(repo, spec.version)
     hf_dir = resolve_source(spec.source)
     plan = plan_memory(checkpoint_config_from_hf(hf_dir, spec.dtype), spec)  # refuses before anything is built
     say(plan.describe())
@@ -81,6 +83,19 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
     report.write(out)
     say(f"report: {out / 'report.md'}")
     return report
+
+
+def _check_install_target(repo: Path, version: int | None) -> None:
+    """Refuse, before building, an install that would fail: no such repository, or the version is taken."""
+    from ensembles.versions import LLM_MODEL, list_versions
+
+    try:
+        versions = list_versions(repo)
+    except ValueError as exc:
+        raise SpecError(f"model repository: {exc}; render one first (python -m ensembles render)") from None
+    if version in versions:
+        raise SpecError(f"version {version} of {LLM_MODEL} already exists in {repo}: choose another version, or "
+                        f"leave it out for the next free one ({max(versions) + 1})")
 
 
 def resolve_source(source: str) -> Path:

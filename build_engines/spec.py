@@ -85,8 +85,8 @@ class MemoryBudget:
 class VerifySpec:
     """What verification measures (verify.py). Windows of held-out text are scored position by position."""
 
-    windows: int = 8  # held-out text windows scored (the batch of the teacher-forced run)
-    window_len: int = 128  # tokens per window
+    windows: int = 16  # held-out text windows scored (the batch of the teacher-forced run)
+    window_len: int = 256  # tokens per window
     throughput_batches: tuple[int, ...] = (1, 16)  # tokens/s measured at these batch sizes (empty: skip)
     prompt_len: int = 128  # tokens/s runs: prompt tokens and new tokens per request
     new_tokens: int = 128
@@ -164,7 +164,8 @@ class BuildSpec:
 
     @classmethod
     def from_dict(cls, data: dict, base_dir: Path | None = None) -> BuildSpec:
-        """From a parsed file; relative paths (source, output_dir, model_repository) are taken from base_dir."""
+        """From a parsed file; relative paths (source, output_dir, model_repository) are taken from base_dir, and
+        output_dir defaults to base_dir / "build"."""
         if not isinstance(data, dict):
             raise SpecError(f"a build spec is a mapping of fields, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -177,6 +178,7 @@ class BuildSpec:
             if key in kwargs:
                 kwargs[key] = _sub(sub, key, kwargs[key])
         base = Path(base_dir) if base_dir else Path.cwd()
+        kwargs.setdefault("output_dir", "build")
         if kwargs["source"] != DEMO_SOURCE:
             kwargs["source"] = str(_resolve(base, kwargs["source"]))
         for key in ("output_dir", "model_repository"):

@@ -78,8 +78,10 @@ def score_engine(engine_dir: Path, windows: list[list[int]], progress: str = "sc
     n, length = len(windows), len(windows[0])
     if any(len(w) != length for w in windows):
         raise ValueError("all windows must have the same length")
-    engine = LLMEngine(engine_dir, EngineConfig(max_batch_size=n, max_num_tokens=max(n, 64), max_input_len=length,
-                                                max_seq_len=length + 1, tokens_per_block=16, device="cpu"))
+    block = 16
+    engine = LLMEngine(engine_dir, EngineConfig(
+        max_batch_size=n, max_num_tokens=max(n, 64), max_input_len=length, max_seq_len=length + 1,
+        tokens_per_block=block, max_tokens_in_paged_kv_cache=n * -(-(length + 1) // block) * block, device="cpu"))
     seqs = [Sequence.from_request(Request(f"verify-{i}", (w[0],), SamplingParams(max_tokens=length)))
             for i, w in enumerate(windows)]
     nll = torch.zeros(n, length - 1)
@@ -131,7 +133,7 @@ def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: floa
     """Export layer 0 of the single-rank checkpoint in ckpt_dir (as the torch runtime loads it, in float32) to
     out_dir/layer0.onnx, save the torch outputs as polygraphy JSON, and compare onnxruntime against them."""
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-    from polygraphy.comparator import Comparator, CompareFunc, IterationResult, RunResults
+    from polygraphy.comparator import Comparator, IterationResult, RunResults, SimpleCompareFunc
     from polygraphy.json import save_json
     from polygraphy.logger import G_LOGGER
 
@@ -154,7 +156,7 @@ def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: floa
     torch_results.save(str(out_dir / "layer0_torch_outputs.json"))
     ort = Comparator.run([OnnxrtRunner(SessionFromOnnx(str(onnx_path)))], data_loader=[feed])
     ort.extend(torch_results)
-    accuracy = Comparator.compare_accuracy(ort, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+    accuracy = Comparator.compare_accuracy(ort, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol))
     got = next(iter(ort.values()))[0]["output"]
     command = (f"polygraphy run {onnx_path} --onnxrt --load-inputs {out_dir / 'layer0_inputs.json'} "
                f"--load-outputs {out_dir / 'layer0_torch_outputs.json'} --atol {atol} --rtol {rtol}")
