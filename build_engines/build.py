@@ -113,20 +113,25 @@ def resolve_source(source: str) -> Path:
 
 def verify_build(spec: BuildSpec, hf_dir: Path, artifact: Path, single_rank: Path, out: Path,
                  say: Callable[[str], None]) -> Verification:
-    """Perplexity and top-1 agreement against the float32 unquantized model, the ONNX layer check, tokens/s."""
+    """Perplexity and top-1 agreement against the float32 unquantized model; sharded builds served and compared
+    with the single-rank checkpoint; the ONNX layer check; tokens/s."""
     from .convert import convert_hf_to_trtllm
-    from .verify import check_layer_onnx, heldout_windows, score_engine
+    from .quantize.evaluate import evaluate_quality, evaluation_tokens
+    from .verify import check_layer_onnx, check_sharded
 
     v = spec.verify
-    windows = heldout_windows(hf_dir, v.windows, v.window_len)
     reference = convert_hf_to_trtllm(hf_dir, out / "reference-float32", "float32")
-    ref = score_engine(reference, windows, progress="verify: reference")
-    got = score_engine(artifact, windows, progress="verify: build")
-    result = Verification(windows=v.windows, window_len=v.window_len, reference="float32, unquantized, unsharded",
-                          reference_perplexity=ref.perplexity, perplexity=got.perplexity,
-                          top1_agreement=got.agreement(ref))
-    say(f"verify: perplexity {result.perplexity:.3f} (reference {result.reference_perplexity:.3f}), "
-        f"top-1 agreement {result.top1_agreement:.4f}")
+    quality = evaluate_quality(single_rank, hf_dir, reference, max_tokens=v.eval_tokens, seq_len=v.seq_len,
+                               progress=True)
+    result = Verification(quality=quality.to_dict(), seq_len=v.seq_len, reference="float32, unquantized")
+    say(f"verify: perplexity {quality.perplexity:.3f} (reference {quality.reference_perplexity:.3f}), "
+        f"top-1 agreement {quality.top1_agreement:.4f}")
+    if spec.world_size > 1:
+        ids = evaluation_tokens(hf_dir, max_tokens=v.shard_check_prompts * v.prompt_len).tolist()
+        prompts = [ids[i * v.prompt_len : (i + 1) * v.prompt_len] for i in range(v.shard_check_prompts)]
+        result.shard_check = check_sharded(artifact, single_rank, prompts, v.shard_check_tokens)
+        say(f"verify: sharded engine greedy tokens equal to the single-rank checkpoint's: "
+            f"{result.shard_check.equal}/{result.shard_check.tokens}")
     if v.onnx_layer:
         result.layer_check = check_layer_onnx(single_rank, out / "verify")
         say(f"verify: ONNX layer 0 vs torch (polygraphy, onnxruntime): "

@@ -16,7 +16,7 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from .plan import MemoryPlan
     from .spec import BuildSpec
-    from .verify import LayerCheck
+    from .verify import LayerCheck, ShardCheck
 
 # A 1-minute load average over this share of the CPUs means other work competed with the tokens/s runs.
 BUSY_LOAD_PER_CPU = 0.5
@@ -38,14 +38,20 @@ class Throughput:
 
 @dataclass
 class Verification:
-    windows: int
-    window_len: int
+    quality: dict  # quantize/evaluate.py's QualityReport: tokens, perplexity, reference_perplexity, top1_agreement
+    seq_len: int
     reference: str
-    reference_perplexity: float
-    perplexity: float
-    top1_agreement: float  # share of positions whose top-1 next token equals the reference's
+    shard_check: ShardCheck | None = None
     layer_check: LayerCheck | None = None
     throughput: list[Throughput] = field(default_factory=list)
+
+    @property
+    def perplexity(self) -> float:
+        return self.quality["perplexity"]
+
+    @property
+    def top1_agreement(self) -> float:
+        return self.quality["top1_agreement"]
 
 
 @dataclass
@@ -108,11 +114,16 @@ def report_markdown(r: dict) -> str:
     lines += ["", "## Size on disk", "", "| what | MiB |", "|---|---|"]
     lines += [f"| {k.removesuffix('_bytes')} | {b / 2**20:.2f} |" for k, b in r["sizes"].items()]
     if v:
+        q = v["quality"]
         lines += ["", "## Verification", "",
-                  f"{v['windows']} held-out windows x {v['window_len']} tokens, scored through the serving engine; "
-                  f"reference: {v['reference']}.", "",
-                  f"- perplexity: {v['perplexity']:.3f} (reference {v['reference_perplexity']:.3f})",
-                  f"- top-1 agreement with the reference: {v['top1_agreement']:.4f}"]
+                  f"{q['tokens']} held-out next-token predictions (windows of {v['seq_len']} tokens, held-out part 1; "
+                  f"calibration used part 0); reference: {v['reference']}.", "",
+                  f"- perplexity: {q['perplexity']:.3f} (reference {q['reference_perplexity']:.3f})",
+                  f"- top-1 agreement with the reference: {q['top1_agreement']:.4f}"]
+        if v["shard_check"]:
+            c = v["shard_check"]
+            lines.append(f"- sharded engine vs single-rank checkpoint, greedy: {c['equal']}/{c['tokens']} tokens equal "
+                         f"({c['prompts']} held-out prompts)")
         if v["layer_check"]:
             c = v["layer_check"]
             lines += [f"- ONNX layer 0 vs torch runtime (polygraphy, onnxruntime CPU): "
@@ -140,8 +151,8 @@ def summary_markdown(reports: list[dict]) -> str:
         tps = {t["batch"]: t["tokens_per_s"] for t in v["throughput"]} if v else {}
         lines.append(f"| {r['name']} | {s['dtype']} | {s['quantization']} | {s['kv_cache']} | {s['tp_size']} x "
                      f"{s['pp_size']} | {r['sizes'].get('artifact_bytes', 0) / 2**20:.2f} | "
-                     + (f"{v['perplexity']:.3f} ({v['reference_perplexity']:.3f}) | {v['top1_agreement']:.4f} | "
-                        if v else "- | - | ")
+                     + (f"{v['quality']['perplexity']:.3f} ({v['quality']['reference_perplexity']:.3f}) | "
+                        f"{v['quality']['top1_agreement']:.4f} | " if v else "- | - | ")
                      + " | ".join(f"{tps[b]:.1f}" if b in tps else "-" for b in batches) + " |")
     return "\n".join(lines) + "\n"
 

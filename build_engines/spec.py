@@ -83,10 +83,12 @@ class MemoryBudget:
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """What verification measures (verify.py). Windows of held-out text are scored position by position."""
+    """What verification measures (verify.py, quantize/evaluate.py)."""
 
-    windows: int = 16  # held-out text windows scored (the batch of the teacher-forced run)
-    window_len: int = 256  # tokens per window
+    eval_tokens: int = 16384  # held-out tokens scored for perplexity / top-1 agreement (part 1 of the split)
+    seq_len: int = 256  # scored in windows of this many tokens
+    shard_check_prompts: int = 4  # sharded builds: held-out prompts whose greedy tokens are compared
+    shard_check_tokens: int = 32  # greedy tokens per prompt
     throughput_batches: tuple[int, ...] = (1, 16)  # tokens/s measured at these batch sizes (empty: skip)
     prompt_len: int = 128  # tokens/s runs: prompt tokens and new tokens per request
     new_tokens: int = 128
@@ -94,9 +96,12 @@ class VerifySpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "throughput_batches", tuple(self.throughput_batches))
-        for name in ("windows", "window_len", "prompt_len", "new_tokens"):
+        for name in ("eval_tokens", "shard_check_prompts", "shard_check_tokens", "prompt_len", "new_tokens"):
             _require(getattr(self, name) > 0, f"verify.{name} must be > 0, got {getattr(self, name)}")
-        _require(self.window_len >= 2, "verify.window_len must be >= 2: a window predicts its own next tokens")
+        _require(self.seq_len >= 2, f"verify.seq_len must be >= 2 (a window predicts its own next tokens), "
+                                    f"got {self.seq_len}")
+        _require(self.eval_tokens >= self.seq_len, f"verify.eval_tokens ({self.eval_tokens}) must hold at least one "
+                                                   f"window of seq_len ({self.seq_len})")
         _require(all(b > 0 for b in self.throughput_batches),
                  f"verify.throughput_batches must be positive batch sizes, got {list(self.throughput_batches)}")
 

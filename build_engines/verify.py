@@ -1,45 +1,25 @@
 """Verification of a build: held-out perplexity and top-1 agreement against the unquantized model, and a
 polygraphy comparison of one decoder layer exported to ONNX with the torch runtime's layer.
 
-Perplexity and agreement are measured on the artifact as served: every window of held-out text is fed to the
-engine (LLMEngine: in-process, or one process per rank when sharded) one token a step, teacher-forced, and the
-next-token logits of each position are read from the engine's model runner. So a sharded or quantized build is
-measured through the same runtime that will serve it.
+Perplexity and agreement come from build_engines/quantize/evaluate.py (the torch runtime, quantized linears and
+FP8 KV cache included) on the single-rank checkpoint that is then sharded; a sharded artifact is also served by
+the engine (one process per rank) and its greedy tokens compared with the single-rank checkpoint's.
 """
 from __future__ import annotations
 
+import copy
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from tqdm import tqdm
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.model import AttentionMetadata, DecoderLayer
-from backend.model_runner import ScheduledSeq
 from backend.sampling_params import SamplingParams
-from backend.sequence import Request, Sequence
-
-
-@dataclass(frozen=True)
-class TokenScores:
-    """Per position of each window: the negative log-likelihood of the true next token, and the argmax."""
-
-    nll: torch.Tensor  # (windows, window_len - 1) float32
-    top1: torch.Tensor  # (windows, window_len - 1) int64
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(float(self.nll.mean()))
-
-    def agreement(self, reference: TokenScores) -> float:
-        """Share of positions where this model's top-1 next token is the reference's."""
-        return float((self.top1 == reference.top1).float().mean())
+from backend.sequence import Request
 
 
 @dataclass(frozen=True)
@@ -55,53 +35,36 @@ class LayerCheck:
     note: str = ""
 
 
-def heldout_windows(tokenizer_dir: Path, n: int, length: int) -> list[list[int]]:
-    """n windows of `length` token ids, cut evenly from held-out standard-library source the model never saw.
+@dataclass(frozen=True)
+class ShardCheck:
+    """Greedy tokens of the sharded artifact's engine (one process per rank) vs the single-rank checkpoint's."""
 
-    The held-out files are split in two: calibration takes part 0 (quantize/calibration.py), scoring part 1."""
-    from transformers import AutoTokenizer
+    prompts: int
+    tokens: int  # greedy tokens compared
+    equal: int  # of them, equal at the same position (a sequence's tokens after its first difference count too)
 
-    from build_engines import corpus
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    text = (corpus.heldout_part_text(n * length * 8, part=1) if hasattr(corpus, "heldout_part_text")
-            else corpus.heldout_text(n * length * 8))  # TEMP until issue4-quant's corpus split is merged
-    ids = tok.encode(text, add_special_tokens=False)
-    if len(ids) < n * length:
-        raise ValueError(f"held-out text gives {len(ids)} tokens, fewer than {n} windows x {length}: lower them")
-    stride = len(ids) // n
-    return [ids[i * stride : i * stride + length] for i in range(n)]
+    @property
+    def agreement(self) -> float:
+        return self.equal / self.tokens
 
 
-def score_engine(engine_dir: Path, windows: list[list[int]], progress: str = "score") -> TokenScores:
-    """Teacher-forced next-token scores of every window position, through the engine that serves engine_dir."""
-    n, length = len(windows), len(windows[0])
-    if any(len(w) != length for w in windows):
-        raise ValueError("all windows must have the same length")
-    block = 16
-    engine = LLMEngine(engine_dir, EngineConfig(
-        max_batch_size=n, max_num_tokens=max(n, 64), max_input_len=length, max_seq_len=length + 1,
-        tokens_per_block=block, max_tokens_in_paged_kv_cache=n * -(-(length + 1) // block) * block, device="cpu"))
-    seqs = [Sequence.from_request(Request(f"verify-{i}", (w[0],), SamplingParams(max_tokens=length)))
-            for i, w in enumerate(windows)]
-    nll = torch.zeros(n, length - 1)
-    top1 = torch.zeros(n, length - 1, dtype=torch.long)
-    try:
-        for seq in seqs:
-            engine.blocks.ensure_slots(seq, length)
-        for pos in tqdm(range(length - 1), desc=progress, unit="pos", leave=False):
-            logits = engine.runner.run([ScheduledSeq(seq, 1) for seq in seqs]).float()  # (n, vocab)
-            target = torch.tensor([w[pos + 1] for w in windows])
-            nll[:, pos] = -F.log_softmax(logits, dim=-1).gather(1, target[:, None])[:, 0]
-            top1[:, pos] = logits.argmax(dim=-1)
-            for seq, w in zip(seqs, windows):  # the true next token becomes the next step's input
-                seq.num_computed_tokens += 1
-                seq.token_ids.append(w[pos + 1])
-    finally:
-        for seq in seqs:
-            engine.blocks.free(seq)
-        engine.close()
-    return TokenScores(nll, top1)
+def check_sharded(artifact: Path, single_rank: Path, prompts: list[list[int]], new_tokens: int) -> ShardCheck:
+    """Serve both checkpoints with the torch engine and compare their greedy continuations of `prompts`."""
+    longest, block = max(map(len, prompts)) + new_tokens, 16
+    config = EngineConfig(max_batch_size=len(prompts), max_input_len=longest - new_tokens, max_seq_len=longest,
+                          tokens_per_block=block, max_tokens_in_paged_kv_cache=len(prompts) * -(-longest // block) * block,
+                          device="cpu")
+    outputs = []
+    for ckpt in (single_rank, artifact):
+        engine = LLMEngine(ckpt, config)
+        try:
+            outputs.append(engine.generate([Request(f"shard-check-{i}", tuple(p), SamplingParams(max_tokens=new_tokens))
+                                            for i, p in enumerate(prompts)]))
+        finally:
+            engine.close()
+    ref, got = outputs
+    equal = sum(a == b for key in ref for a, b in zip(ref[key], got[key]))
+    return ShardCheck(len(prompts), sum(len(v) for v in ref.values()), equal)
 
 
 # --- one decoder layer through ONNX and polygraphy ---------------------------------------------------------------
@@ -128,10 +91,34 @@ class _PrefillLayer(torch.nn.Module):
         return self.layer(x, k_cache, v_cache, self.meta)
 
 
+def float_layer(layer: DecoderLayer) -> DecoderLayer:
+    """A float32 copy of a loaded decoder layer, each quantized linear replaced by a plain nn.Linear holding the
+    weight it computes with (dequantized; AWQ's prequant scale folded in). ONNX has no CPU INT4 group-wise or
+    FP8 GEMM here; the graph is the layer's float computation, where TensorRT inserts its own quantization."""
+    from backend.quantized_linear import LINEARS, Fp8Linear, QuantizedLinear
+
+    layer = copy.deepcopy(layer)
+    for name in LINEARS:
+        parent_name, _, child = name.rpartition(".")
+        parent = layer.get_submodule(parent_name)
+        module = getattr(parent, child)
+        if isinstance(module, QuantizedLinear):
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=False)
+            with torch.inference_mode():
+                if isinstance(module, Fp8Linear):  # its forward also rounds the input to FP8 (not a weight)
+                    weight = module.weight.float() * module.weights_scaling_factor.float()
+                else:  # the runtime's own kernel applied to the identity: column j is W[:, j] (prequant folded)
+                    weight = module(torch.eye(module.in_features, dtype=module.dtype)).float().t()
+            linear.weight = torch.nn.Parameter(weight.clone())
+            setattr(parent, child, linear)
+    layer.mlp.fc_gate = None  # the fused copy (made at load) is in the load dtype; use the linears themselves
+    return layer.float().eval()
+
+
 def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: float = 1e-3,
                      rtol: float = 1e-3) -> LayerCheck:
-    """Export layer 0 of the single-rank checkpoint in ckpt_dir (as the torch runtime loads it, in float32) to
-    out_dir/layer0.onnx, save the torch outputs as polygraphy JSON, and compare onnxruntime against them."""
+    """Export layer 0 of the single-rank checkpoint in ckpt_dir, as the torch runtime loads it (float32, see
+    float_layer), to out_dir/layer0.onnx; save the torch outputs as polygraphy JSON and compare onnxruntime."""
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
     from polygraphy.comparator import Comparator, IterationResult, RunResults, SimpleCompareFunc
     from polygraphy.json import save_json
@@ -142,8 +129,8 @@ def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: floa
     from backend.checkpoint import load_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = load_model(ckpt_dir, torch.device("cpu")).float()
-    graph = _PrefillLayer(model.transformer.layers[0], model.rope_cos, model.rope_sin, tokens).eval()
+    model = load_model(ckpt_dir, torch.device("cpu"))
+    graph = _PrefillLayer(float_layer(model.transformer.layers[0]), model.rope_cos, model.rope_sin, tokens).eval()
     x = torch.randn(tokens, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = graph(x)

@@ -21,8 +21,8 @@ LIMITS = Limits(max_batch_size=4, max_input_len=96, max_seq_len=160, max_num_tok
 
 
 def _spec(tiny_hf_dir, tmp_path, **fields) -> BuildSpec:
-    verify = fields.pop("verify", VerifySpec(windows=2, window_len=12, throughput_batches=(1,), prompt_len=8,
-                                             new_tokens=4))
+    verify = fields.pop("verify", VerifySpec(eval_tokens=48, seq_len=12, shard_check_prompts=2, shard_check_tokens=6,
+                                             throughput_batches=(1,), prompt_len=8, new_tokens=4))
     fields.setdefault("name", "tiny")
     return BuildSpec(source=str(tiny_hf_dir), dtype="float32", limits=LIMITS, output_dir=tmp_path / "build",
                      verify=verify, **fields)
@@ -37,9 +37,10 @@ def test_tp2_build_is_verified_reported_and_installed_as_version_2(tiny_hf_dir, 
     saved = json.loads((out / "report.json").read_text())
     assert saved["status"] == "ok" and saved["installed_version"] == 2
     v = saved["verification"]
-    # float32 sharded over tp2 computes what the unsharded float32 model does, up to summation order.
-    assert v["perplexity"] == pytest.approx(v["reference_perplexity"], rel=1e-4)
-    assert v["top1_agreement"] == 1.0
+    # An unquantized float32 build scores as the float32 reference does; its tp2 shards serve the same tokens.
+    assert v["quality"]["tokens"] == 4 * 11 and v["quality"]["top1_agreement"] == 1.0
+    assert v["quality"]["perplexity"] == pytest.approx(v["quality"]["reference_perplexity"], rel=1e-5)
+    assert v["shard_check"] == {"prompts": 2, "tokens": 12, "equal": 12}
     assert v["layer_check"]["passed"] and v["layer_check"]["max_abs_diff"] < 1e-3
     assert "--onnxrt" in v["layer_check"]["command"] and (out / "verify" / "layer0.onnx").is_file()
     assert v["throughput"][0]["batch"] == 1 and v["throughput"][0]["tokens_per_s"] > 0
@@ -79,7 +80,7 @@ def _tensor_bytes(ckpt, rank: int) -> int:
 def test_tensorrt_llm_target_stops_before_trtllm_build_and_says_why(tiny_hf_dir, tmp_path):
     said = []
     spec = _spec(tiny_hf_dir, tmp_path, target="tensorrt_llm",
-                 verify=VerifySpec(windows=1, window_len=4, throughput_batches=(), onnx_layer=False))
+                 verify=VerifySpec(eval_tokens=8, seq_len=4, throughput_batches=(), onnx_layer=False))
     with pytest.raises(BuildStopped, match="stopped before trtllm-build: the tensorrt_llm target needs the "
                                            "tensorrt_llm package .* not importable here"):
         build(spec, say=said.append)
