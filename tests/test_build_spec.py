@@ -137,3 +137,13 @@ def test_quantized_plans_count_quantized_storage(tiny_hf_dir, tiny_ckpt_dir):
     assert fp8.kv_bytes_per_token == full.kv_bytes_per_token // 4  # float32 -> one byte
     linear_params = 2 * (64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 128)  # qkv, dense, fc, gate, proj x 2 layers
     assert full.weight_bytes - fp8.weight_bytes == linear_params * 3 - 2 * 5 * 4  # 4 -> 1 byte, + (1,) fp32 scales
+
+
+def test_the_example_specs_are_valid():
+    from pathlib import Path
+
+    specs = sorted((Path(__file__).resolve().parent.parent / "build_engines" / "specs").glob("demo_*"))
+    loaded = {BuildSpec.load(p).name: BuildSpec.load(p) for p in specs}
+    assert {"demo-bf16", "demo-fp8", "demo-int4_awq", "demo-tp2", "demo-pp2", "demo-fp8-trtllm"} <= set(loaded)
+    assert loaded["demo-tp2"].tp_size == 2 and loaded["demo-pp2"].pp_size == 2
+    assert loaded["demo-fp8-trtllm"].target == "tensorrt_llm"
