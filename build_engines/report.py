@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -78,11 +79,11 @@ class BuildReport:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        tqdm.write(f"[{self.name}] {name} ...")
+        tqdm.write(f"[{self.name}] {name} ...", file=sys.stderr)
         start = time.perf_counter()
         yield
         self.stages[name] = round(time.perf_counter() - start, 2)
-        tqdm.write(f"[{self.name}] {name} done in {self.stages[name]:.1f} s")
+        tqdm.write(f"[{self.name}] {name} done in {self.stages[name]:.1f} s", file=sys.stderr)
 
     def summary(self) -> dict:
         """What the installed version's artifact.json carries about its build."""
