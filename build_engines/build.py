@@ -61,16 +61,16 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
         report.verification = verify_build(spec, hf_dir, artifact, single_rank, out, say)
     served = artifact
     if spec.target == "tensorrt_llm":
+        from .trtllm_target import run_trtllm_build, trtllm_build_argv
+
+        report.trtllm_build_argv = trtllm_build_argv(spec, artifact, out / "engine")
         if trtllm_problem:
             report.status = f"stopped before trtllm-build: {trtllm_problem}"
             report.write(out)
-            raise BuildStopped(f"{report.status}\n(the torch artifact and its report are in {out})")
-        from .trtllm_target import run_trtllm_build, trtllm_build_argv
-
+            raise BuildStopped(f"{report.status}\n(the checkpoint, its verification and the trtllm-build command "
+                               f"it would run are in {out / 'report.md'})")
         with report.stage("trtllm-build"):
-            argv = trtllm_build_argv(spec, artifact, out / "engine")
-            report.trtllm_build_argv = argv
-            served = run_trtllm_build(argv, out / "trtllm-build.log")
+            served = run_trtllm_build(report.trtllm_build_argv, out / "trtllm-build.log")
         report.sizes["engine_bytes"] = dir_bytes(served, "rank*.engine")
     if repo is not None:
         from ensembles.versions import install_version

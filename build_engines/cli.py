@@ -91,7 +91,7 @@ def _build(args: argparse.Namespace) -> str:
     except (SpecError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
     except BuildStopped as exc:
-        raise SystemExit(f"stopped: {exc}") from None
+        raise SystemExit(str(exc)) from None
     if args.summary:
         dicts = [r.to_dict() for r in reports]
         args.summary.write_text(summary_markdown(dicts))

@@ -135,7 +135,9 @@ def report_markdown(r: dict) -> str:
                          f"{t['new_tokens']} new tokens; load average {t['load_average']} on {t['cpus']} CPUs"
                          f"{', busy' if t['load_average'] > BUSY_LOAD_PER_CPU * t['cpus'] else ''})")
     if r.get("trtllm_build_argv"):
-        lines += ["", "## trtllm-build", "", "```", " ".join(r["trtllm_build_argv"]), "```"]
+        ran = "trtllm-build" in r["stages"]
+        lines += ["", "## trtllm-build" + ("" if ran else " (the command; not run)"), "", "```",
+                  " ".join(r["trtllm_build_argv"]), "```"]
     if r.get("installed_version") is not None:
         lines += ["", f"Installed as version {r['installed_version']} of tensorrt_llm in `{r['model_repository']}`."]
     return "\n".join(lines) + "\n"

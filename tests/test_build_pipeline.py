@@ -88,3 +88,5 @@ def test_tensorrt_llm_target_stops_before_trtllm_build_and_says_why(tiny_hf_dir,
     saved = json.loads((tmp_path / "build" / "tiny" / "report.json").read_text())
     assert saved["status"].startswith("stopped before trtllm-build") and saved["verification"] is not None
     assert "trtllm-build" not in saved["stages"]
+    assert saved["trtllm_build_argv"][:3] == ["trtllm-build", "--checkpoint_dir", str(tmp_path / "build" / "tiny" /
+                                                                                     "checkpoint")]
