@@ -28,7 +28,8 @@ def _spec(tiny_hf_dir, tmp_path, **fields) -> BuildSpec:
                      verify=verify, **fields)
 
 
-def test_tp2_build_is_verified_reported_and_installed_as_version_2(tiny_hf_dir, tiny_ckpt_dir, tmp_path, hf_greedy):
+def test_tp2_build_is_verified_reported_and_installed_as_version_2(tiny_hf_dir, tiny_ckpt_dir, tmp_path, hf_greedy,
+                                                                   monkeypatch):
     repo = render(RepoSpec(engine_dir=tiny_ckpt_dir, tokenizer_dir=tiny_hf_dir), tmp_path / "repo")
     assert list_versions(repo) == [1]
     report = build(_spec(tiny_hf_dir, tmp_path, tp_size=2), model_repository=repo, say=lambda _: None)
@@ -57,7 +58,10 @@ def test_tp2_build_is_verified_reported_and_installed_as_version_2(tiny_hf_dir, 
     assert artifact.meta == report.summary() and artifact.meta["tp_size"] == 2
     assert (repo / "tensorrt_llm" / "2" / "model.py").read_text() == (repo / "tensorrt_llm" / "1" / "model.py").read_text()
 
-    engine = LLMEngine(artifact.engine_dir, EngineConfig(**TEST_ENGINE_LIMITS))  # the version loads and serves
+    # The version's artifact loads and serves; named relative to the working directory on purpose (the parallel
+    # engine's workers run elsewhere and must get the path resolved).
+    monkeypatch.chdir(tmp_path)
+    engine = LLMEngine(artifact.engine_dir.relative_to(tmp_path.resolve()), EngineConfig(**TEST_ENGINE_LIMITS))
     try:
         prompt = random_prompts([10], engine.vocab_size, seed=5)[0]
         out_ids = engine.generate([Request("r", prompt, SamplingParams(max_tokens=6))])["r"]
