@@ -26,9 +26,8 @@ class BuildStopped(RuntimeError):
 
 def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[str], None] = print) -> BuildReport:
     """Run the pipeline; returns the report (also written to build_dir/report.{json,md})."""
-    from .convert import checkpoint_config_from_hf, convert_hf_to_trtllm
+    from .convert import checkpoint_config_from_hf
     from .plan import plan_memory
-    from .shard import shard_checkpoint
 
     repo = Path(model_repository) if model_repository else spec.model_repository
     if repo is not None:
@@ -39,21 +38,10 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
     trtllm_problem = _trtllm_problem(spec)
     if trtllm_problem:
         say(f"note: the build will stop before trtllm-build: {trtllm_problem}")
-    out = spec.build_dir
+    out = spec.build_dir.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    report = BuildReport.start(spec, hf_dir, plan)
-    with report.stage("convert"):
-        unquantized = convert_hf_to_trtllm(hf_dir, out / f"checkpoint-{spec.dtype}", spec.dtype)
-    single_rank = unquantized
-    if spec.quant_algo or spec.kv_cache_quant_algo:
-        from .quantize.apply import quantize_checkpoint
-
-        with report.stage("calibrate+quantize"):
-            single_rank = quantize_checkpoint(unquantized, out / "checkpoint-quantized", spec.quantization,
-                                              kv_cache=spec.kv_cache, group_size=spec.group_size,
-                                              tokenizer_dir=hf_dir, max_calib_tokens=spec.calib_tokens, progress=True)
-    with report.stage("shard"):
-        artifact = shard_checkpoint(single_rank, out / "checkpoint", spec.tp_size, spec.pp_size)
+    report = BuildReport.start(spec, hf_dir, plan, out)
+    unquantized, single_rank, artifact = _checkpoints(spec, hf_dir, out, report)
     report.sizes = {"hf_source_bytes": dir_bytes(hf_dir, "*.safetensors"),
                     f"checkpoint_{spec.dtype}_bytes": dir_bytes(unquantized, "rank*.safetensors"),
                     "artifact_bytes": dir_bytes(artifact, "rank*.safetensors")}
@@ -66,7 +54,7 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
         report.trtllm_build_argv = trtllm_build_argv(spec, artifact, out / "engine")
         if trtllm_problem:
             report.status = f"stopped before trtllm-build: {trtllm_problem}"
-            report.write(out)
+            report.write()
             raise BuildStopped(f"{report.status}\n(the checkpoint, its verification and the trtllm-build command "
                                f"it would run are in {out / 'report.md'})")
         with report.stage("trtllm-build"):
@@ -80,9 +68,29 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
             report.model_repository = str(Path(repo).resolve())
         say(f"installed as version {report.installed_version} of tensorrt_llm in {repo}")
     report.status = "ok"
-    report.write(out)
+    report.write()
     say(f"report: {out / 'report.md'}")
     return report
+
+
+def _checkpoints(spec: BuildSpec, hf_dir: Path, out: Path, report: BuildReport) -> tuple[Path, Path, Path]:
+    """(unquantized single-rank, quantized single-rank (the same without quantization), sharded artifact)."""
+    from .convert import convert_hf_to_trtllm
+    from .shard import shard_checkpoint
+
+    with report.stage("convert"):
+        unquantized = convert_hf_to_trtllm(hf_dir, out / f"checkpoint-{spec.dtype}", spec.dtype)
+    single_rank = unquantized
+    if spec.quant_algo or spec.kv_cache_quant_algo:
+        from .quantize.apply import quantize_checkpoint
+
+        with report.stage("calibrate+quantize"):
+            single_rank = quantize_checkpoint(unquantized, out / "checkpoint-quantized", spec.quantization,
+                                              kv_cache=spec.kv_cache, group_size=spec.group_size,
+                                              tokenizer_dir=hf_dir, max_calib_tokens=spec.calib_tokens, progress=True)
+    with report.stage("shard"):
+        artifact = shard_checkpoint(single_rank, out / "checkpoint", spec.tp_size, spec.pp_size)
+    return unquantized, single_rank, artifact
 
 
 def _check_install_target(repo: Path, version: int | None) -> None:

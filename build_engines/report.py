@@ -32,10 +32,6 @@ class Throughput:
     load_average: float  # 1-minute load average around the run (the machine may be shared)
     cpus: int
 
-    @property
-    def busy(self) -> bool:
-        return self.load_average > BUSY_LOAD_PER_CPU * self.cpus
-
 
 @dataclass
 class Verification:
@@ -69,19 +65,26 @@ class BuildReport:
     installed_version: int | None = None
     model_repository: str | None = None
     status: str = "running"
+    build_dir: str = ""  # where report.json / report.md are written
     machine: str = field(default_factory=lambda: f"{platform.machine()}, {os.cpu_count()} CPUs, "
                                                   f"Python {platform.python_version()}")
 
     @classmethod
-    def start(cls, spec: BuildSpec, hf_dir: Path, plan: MemoryPlan) -> BuildReport:
+    def start(cls, spec: BuildSpec, hf_dir: Path, plan: MemoryPlan, build_dir: Path) -> BuildReport:
         return cls(name=spec.name, spec=spec.to_dict(), source=str(hf_dir), memory_plan=plan.to_dict(),
-                   memory_plan_text=plan.table())
+                   memory_plan_text=plan.table(), build_dir=str(build_dir))
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        """Time a stage; a stage that raises leaves a report saying where the build failed, and why."""
         tqdm.write(f"[{self.name}] {name} ...", file=sys.stderr)
         start = time.perf_counter()
-        yield
+        try:
+            yield
+        except Exception as exc:
+            self.status = f"failed in {name}: {type(exc).__name__}: {exc}"
+            self.write()
+            raise
         self.stages[name] = round(time.perf_counter() - start, 2)
         tqdm.write(f"[{self.name}] {name} done in {self.stages[name]:.1f} s", file=sys.stderr)
 
@@ -98,7 +101,8 @@ class BuildReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def write(self, out_dir: Path) -> None:
+    def write(self) -> None:
+        out_dir = Path(self.build_dir)
         (out_dir / "report.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         (out_dir / "report.md").write_text(report_markdown(self.to_dict()))
 

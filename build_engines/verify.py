@@ -8,8 +8,7 @@ the engine (one process per rank) and its greedy tokens compared with the single
 from __future__ import annotations
 
 import copy
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,6 @@ class LayerCheck:
     rtol: float
     onnx_path: str
     command: str  # the same check from the command line; --trt instead of --onnxrt runs it on TensorRT
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,3 @@ def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: floa
                f"--load-outputs {out_dir / 'layer0_torch_outputs.json'} --atol {atol} --rtol {rtol}")
     return LayerCheck(passed=bool(accuracy), max_abs_diff=float(np.abs(got - expected.numpy()).max()), atol=atol,
                       rtol=rtol, onnx_path=str(onnx_path), command=command)
-
-
-def layer_check_json(check: LayerCheck) -> str:
-    return json.dumps(asdict(check), indent=2)
