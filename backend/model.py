@@ -103,7 +103,10 @@ class GatedMLP(nn.Module):
 
     def fuse(self) -> None:
         """After loading: one matmul for both input projections (fewer, larger kernels: small batches on CPU are
-        bound by per-call overhead)."""
+        bound by per-call overhead). Only plain float linears fuse; modules swapped in afterwards (quantized
+        ones, say) keep their own forward."""
+        if type(self.fc) is not nn.Linear or type(self.gate) is not nn.Linear:
+            return
         self.fc_gate = torch.cat([self.fc.weight, self.gate.weight]).detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from backend.block_manager import BlockManager
 from backend.model import AttentionMetadata, LlamaForCausalLM
 from backend.model_config import torch_dtype
+from backend.quantized_kv import kv_pools
 from backend.sequence import Sequence
 from backend.step_inputs import StepInputs, step_tensors
 
@@ -32,15 +33,13 @@ class ScheduledSeq:
 
 
 class KVCache:
-    """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each."""
+    """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each (FP8 pools for an FP8 KV
+    cache, backend/quantized_kv.py)."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
         cfg = model.config
-        shape, dtype = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size), torch_dtype(cfg)
-        self.layers = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
+        self.layers = kv_pools(model.transformer.layers, shape, torch_dtype(cfg), device)
 
 
 class ModelRunner:

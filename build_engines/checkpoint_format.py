@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 CONFIG_FILE = "config.json"
@@ -93,6 +94,12 @@ class QuantConfig:
             raise ValueError(f"quantization.group_size must be >= 1, got {self.group_size}")
         if self.exclude_modules is not None:
             object.__setattr__(self, "exclude_modules", tuple(self.exclude_modules))  # JSON gives a list
+
+    def excludes(self, module: str) -> bool:
+        """Whether the linear `module` (e.g. "transformer.layers.0.mlp.fc", "lm_head") stays unquantized: a
+        pattern of exclude_modules (fnmatch, as TRT-LLM's "*.mlp.gate") matches its full or last name."""
+        short = module.rsplit(".", 1)[-1]
+        return any(fnmatchcase(module, p) or fnmatchcase(short, p) for p in self.exclude_modules or ())
 
 
 @dataclass(frozen=True)

@@ -80,10 +80,23 @@ def heldout_text(max_chars: int, spec: CorpusSpec | None = None) -> str:
     """The held-out files concatenated (newline-separated), cut to at most `max_chars`."""
     if max_chars <= 0:
         raise ValueError(f"max_chars must be positive, got {max_chars}")
+    return _concat(split_files(spec or CorpusSpec())[1], max_chars)
+
+
+def heldout_part_text(max_chars: int, part: int, parts: int = 2, spec: CorpusSpec | None = None) -> str:
+    """Held-out file i is in part i % parts: disjoint held-out texts, e.g. for calibrating a quantizer (part 0)
+    and measuring it (part 1). Concatenated (newline-separated) and cut to at most `max_chars`."""
+    if max_chars <= 0 or not 0 <= part < parts:
+        raise ValueError(f"need max_chars > 0 and 0 <= part < parts, got {max_chars}, {part}, {parts}")
     spec = spec or CorpusSpec()
+    spec.check_interpreter()
+    return _concat(split_files(spec)[1][part::parts], max_chars)
+
+
+def _concat(paths: list[Path], max_chars: int) -> str:
     parts: list[str] = []
     total = 0
-    for path in split_files(spec)[1]:
+    for path in paths:
         parts.append(read_source(path))
         total += len(parts[-1]) + 1
         if total >= max_chars:

@@ -121,3 +121,25 @@ def hf_greedy(hf_model):
         return cache[(prompt, max_tokens)]
 
     return generate
+
+
+# Divides the tiny model's widths (64, 128) and is the smallest group torch's CPU INT4 kernel takes.
+TINY_QUANT_GROUP = 32
+
+
+@pytest.fixture(scope="session")
+def quantized_tiny(tiny_ckpt_dir, tokenizer_dir, tmp_path_factory) -> Callable[..., Path]:
+    """quantized_tiny(method, kv_cache="none") -> the tiny checkpoint quantized that way (group 32, calibrated on
+    1024 held-out tokens), built once per session."""
+    from build_engines.quantize.apply import quantize_checkpoint
+
+    root, built = tmp_path_factory.mktemp("quantized"), {}
+
+    def get(method: str, kv_cache: str = "none") -> Path:
+        if (method, kv_cache) not in built:
+            built[method, kv_cache] = quantize_checkpoint(
+                tiny_ckpt_dir, root / f"{method}-{kv_cache}", method, kv_cache, group_size=TINY_QUANT_GROUP,
+                tokenizer_dir=tokenizer_dir, max_calib_tokens=1024, progress=False)
+        return built[method, kv_cache]
+
+    return get

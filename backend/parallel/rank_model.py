@@ -6,12 +6,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
-from backend.model import LlamaForCausalLM, rotary_tables
+from backend.checkpoint import load_weights
+from backend.model import LlamaForCausalLM
 from backend.model_config import ModelConfig, torch_dtype
 from backend.parallel.pipeline_parallel import apply_pipeline, logits_to_driver, stage_forward
 from backend.parallel.tensor_parallel import add_all_reduce, shard_linears
+from backend.quantized_kv import kv_pools
+from backend.quantized_linear import apply_quantization
 from backend.step_inputs import StepInputs, step_tensors
 from build_engines.checkpoint_format import rank_file
 from build_engines.rank_layout import RankPosition, kv_heads_per_rank
@@ -25,42 +27,13 @@ def load_rank_model(ckpt_dir: Path, cfg: ModelConfig, pos: RankPosition, tp_grou
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).to(dtype=dtype)
     shard_linears(apply_pipeline(model, pos), pos.tp_size, tp_group)
-    model = quantize(model, cfg, dtype)
+    model = apply_quantization(model, cfg.quantization, dtype)
     add_all_reduce(model, pos.tp_size, tp_group)
     weights_file = Path(ckpt_dir) / rank_file(pos.rank)
     if not weights_file.is_file():
         raise FileNotFoundError(f"{weights_file} not found: the checkpoint's mapping ({cfg.mapping}) needs one "
                                 f"file per rank")
-    state = load_file(str(weights_file))
-    expected = set(model.state_dict().keys())
-    missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
-    if missing or unexpected:
-        raise ValueError(f"{weights_file}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
-    model.load_state_dict(state, strict=True, assign=True)
-    model.rope_cos, model.rope_sin = rotary_tables(cfg.head_size, cfg.max_position_embeddings, cfg.rotary_base)
-    return prepare(model.to(device=device).eval()).fuse()  # no dtype cast: float8 / int tensors keep theirs
-
-
-def quantize(model: LlamaForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Quantized linears (backend/quantized_linear.py, from the issue-4 build pipeline) where the checkpoint is
-    quantized; a clear error where this tree has no quantized runtime."""
-    quant = cfg.quantization
-    if not (quant.quant_algo or quant.kv_cache_quant_algo):
-        return model
-    try:
-        from backend.quantized_linear import apply_quantization
-    except ImportError:
-        raise ValueError(f"quantized checkpoints ({quant}) are not supported by this runtime") from None
-    return apply_quantization(model, quant, dtype)
-
-
-def prepare(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """Quantized linears convert their loaded tensors to their kernels' layout (a no-op for float models)."""
-    try:
-        from backend.quantized_linear import prepare_quantized
-    except ImportError:
-        return model
-    return prepare_quantized(model)
+    return load_weights(model, cfg, weights_file, device)
 
 
 class RankModel:
@@ -72,9 +45,7 @@ class RankModel:
         self.model = load_rank_model(ckpt_dir, cfg, pos, tp_group, device)
         # (slots, local kv heads, head_dim) per local layer; slot numbers are the same on every rank.
         shape = (num_blocks * block_size, kv_heads_per_rank(cfg.num_key_value_heads, pos.tp_size), cfg.head_size)
-        self.kv = [(torch.zeros(shape, dtype=self.dtype, device=device),
-                    torch.zeros(shape, dtype=self.dtype, device=device))
-                   for _ in range(len(self.model.transformer.layers))]
+        self.kv = kv_pools(self.model.transformer.layers, shape, self.dtype, device)
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor | None:

@@ -18,6 +18,7 @@ from backend.sampling_params import InvalidRequestError
 from backend.sequence import FinishReason, Request
 from backend.serving_config import ServingConfig
 from backend.triton_io import RowStream, parse_request
+from backend.trtllm_executor import TrtllmExecutorEngine, is_engine_dir
 from backend.request_context import TenancyConfig, request_context
 from backend.tenant_metrics import TenantMetrics
 from backend.tenants import load_limits
@@ -97,7 +98,9 @@ class TritonPythonModel:
         # A version folder with an artifact.json serves its own build (ensembles/versions.py).
         artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
-        self.engine = LLMEngine(engine_dir, self.serving.engine)
+        # A trtllm-build engine dir (rank*.engine) runs on TensorRT-LLM's executor; a checkpoint on our engine.
+        engine_cls = TrtllmExecutorEngine if is_engine_dir(engine_dir) else LLMEngine
+        self.engine = engine_cls(engine_dir, self.serving.engine)
         name, version = args["model_name"], args["model_version"]
         self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenancy = TenancyConfig.from_parameters(params)

@@ -1,0 +1,7 @@
+"""Post-training quantization of TensorRT-LLM-layout checkpoints: FP8 (E4M3, per-tensor scales), INT4 group-wise
+(round-to-nearest or AWQ), INT8 weight-only, and an FP8 KV cache; calibration on local text; held-out quality.
+
+Entry points live in build_engines.quantize.apply (quant_config, quantize_weights, calibrate,
+quantize_checkpoint) and build_engines.quantize.evaluate. This package file imports nothing, so the runtime
+(backend/quantized_linear.py) can use the numeric modules (fp8, int4) without the quantizer's dependencies.
+"""

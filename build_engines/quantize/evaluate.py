@@ -1,0 +1,88 @@
+"""Held-out quality of a checkpoint, run by the engine's own torch runtime (quantized linears and FP8 KV cache
+included): perplexity on held-out text and, against a reference (the unquantized checkpoint), the top-1 next-token
+agreement. Default text: part 1 of the held-out stdlib split (calibration uses part 0: no shared file).
+
+Perplexity = exp(mean next-token negative log-likelihood) over non-overlapping windows of seq_len tokens (each
+window's first token is context only).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from backend.checkpoint import load_model
+from backend.model import LlamaForCausalLM
+from backend.scoring import window_logits
+
+from .calibration import text_tokens
+
+EVALUATION_PART = 1  # of build_engines.corpus.heldout_part_text's two parts
+DEFAULT_EVAL_TOKENS = 16384
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    tokens: int  # next-token predictions scored
+    perplexity: float
+    reference_perplexity: float | None = None
+    top1_agreement: float | None = None  # fraction of positions whose argmax equals the reference's
+
+    @property
+    def perplexity_increase(self) -> float | None:
+        """Relative: ppl / reference ppl - 1."""
+        return None if self.reference_perplexity is None else self.perplexity / self.reference_perplexity - 1.0
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "perplexity": self.perplexity, "reference_perplexity": self.reference_perplexity,
+                "perplexity_increase": self.perplexity_increase, "top1_agreement": self.top1_agreement}
+
+
+def evaluation_tokens(tokenizer_dir: Path, text_file: Path | None = None,
+                      max_tokens: int = DEFAULT_EVAL_TOKENS) -> torch.Tensor:
+    """(n,) int64: the held-out evaluation text's tokens (or a local text file's)."""
+    return text_tokens(tokenizer_dir, text_file, max_tokens, EVALUATION_PART)
+
+
+def evaluate_quality(ckpt_dir: Path, tokenizer_dir: Path, reference_dir: Path | None = None,
+                     text_file: Path | None = None, max_tokens: int = DEFAULT_EVAL_TOKENS, seq_len: int = 256,
+                     progress: bool = False) -> QualityReport:
+    """Perplexity of ckpt_dir (unsharded) on held-out text; with reference_dir, also its perplexity and the
+    top-1 agreement of the two over the same positions."""
+    tokens = evaluation_tokens(tokenizer_dir, text_file, max_tokens)
+    model = load_model(Path(ckpt_dir), torch.device("cpu"))
+    reference = load_model(Path(reference_dir), torch.device("cpu")) if reference_dir is not None else None
+    return score_tokens(model, tokens, seq_len, reference, progress)
+
+
+def score_tokens(model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int,
+                 reference: LlamaForCausalLM | None = None, progress: bool = False,
+                 batch_windows: int = 4) -> QualityReport:
+    """QualityReport of `model` (and `reference`) over tokens (n,) cut into windows of seq_len."""
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    n_windows = len(tokens) // seq_len
+    if n_windows == 0:
+        raise ValueError(f"{len(tokens)} tokens are fewer than one window of seq_len {seq_len}")
+    windows = tokens[: n_windows * seq_len].view(n_windows, seq_len)
+    nll, ref_nll, agree, count = 0.0, 0.0, 0, 0
+    for batch in tqdm(windows.split(batch_windows), desc="evaluating", unit="batch", disable=not progress):
+        targets = batch[:, 1:]
+        logits = window_logits(model, batch)[:, :-1]  # (b, n - 1, vocab)
+        nll += _nll_sum(logits, targets)
+        count += targets.numel()
+        if reference is not None:
+            ref_logits = window_logits(reference, batch)[:, :-1]
+            ref_nll += _nll_sum(ref_logits, targets)
+            agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
+    if reference is None:
+        return QualityReport(count, math.exp(nll / count))
+    return QualityReport(count, math.exp(nll / count), math.exp(ref_nll / count), agree / count)
+
+
+def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"))
