@@ -12,7 +12,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_BREAK_SYSTEM_PACKAGES=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/tritonllm
 COPY . .
 RUN pip install --no-deps -e . \
- && pip install "tritonclient[grpc,http]>=2.50" "requests>=2.31" "pyyaml>=6" "tqdm>=4.66"
+ && pip install "tritonclient[grpc,http]>=2.50" "requests>=2.31" "pyyaml>=6" "tqdm>=4.66" \
+    "onnx>=1.16" "onnxscript>=0.2" "onnxruntime>=1.18" "polygraphy>=0.49"
 # Train the demo model at build time (a few minutes), so the container serves at once.
 RUN python3 -m build_engines demo
 EXPOSE 8000 8001 8002

@@ -42,6 +42,7 @@ class _Cancel:
 
 
 _STOP = object()
+_WAKE = object()  # no command: only makes an idle loop go round once (and publish its stats)
 
 
 class EngineLoop:
@@ -63,6 +64,10 @@ class EngineLoop:
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(_Cancel(request_id))
+
+    def wake(self) -> None:
+        """Publish stats soon, also when idle: for counts made outside this thread (e.g. refused admissions)."""
+        self._inbox.put(_WAKE)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         self._inbox.put(_STOP)
@@ -112,7 +117,9 @@ class EngineLoop:
             except queue.Empty:
                 return True
 
-    def _apply(self, cmd: _Submit | _Cancel) -> None:
+    def _apply(self, cmd: _Submit | _Cancel | object) -> None:
+        if cmd is _WAKE:
+            return
         if isinstance(cmd, _Cancel):
             self._abort(cmd.request_id)
             return

@@ -60,6 +60,9 @@ class W8A16Linear(QuantizedLinear):
     def prepare(self) -> None:
         scale = self.per_channel_scale.to(self.dtype)
         self.per_channel_scale = scale
+        # A fresh copy: torch's CPU int8 kernel segfaults (for more than one input row) on a weight that is not
+        # 64-byte aligned, as tensors mapped from a safetensors file at an arbitrary offset are (torch 2.13).
+        self.weight = self.weight.clone()
         probe = torch.zeros(1, self.in_features, dtype=self.dtype, device=self.weight.device)
         try:
             torch.ops.aten._weight_int8pack_mm(probe, self.weight, scale)

@@ -28,6 +28,10 @@ class ServingConfig:
     engine: EngineConfig
     exclude_input_in_output: bool
     cancellation_check_period_s: float
+    # False where several versions of the model are loaded at once (a canary repository): the 2.51 Python backend
+    # crashes when a model with several loaded versions uses the metric API (docs/canary.md); the router then
+    # publishes the per-version figures.
+    publish_metrics: bool = True
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "ServingConfig":
@@ -54,4 +58,5 @@ class ServingConfig:
             engine=engine,
             exclude_input_in_output=_flag(p.get("exclude_input_in_output", ""), "exclude_input_in_output", True),
             cancellation_check_period_s=int(p.get("cancellation_check_period_ms") or 100) / 1000.0,
+            publish_metrics=_flag(p.get("publish_engine_metrics", ""), "publish_engine_metrics", True),
         )

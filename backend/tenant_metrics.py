@@ -10,6 +10,8 @@ Label sets are created on first use; tenants are the limits file's (unknown ids 
 from __future__ import annotations
 
 import math
+import threading
+from collections import Counter
 
 from backend.admission import Admission, AdmissionSnapshot
 
@@ -25,6 +27,10 @@ class TenantMetrics:
         self._queue = pb_utils.MetricFamily(name="tritonllm_queue_depth", kind=gauge,
                                             description="Admitted requests waiting for their first token")
         self._metrics: dict[tuple, object] = {}
+        # Admissions counted by execute() and flushed to Triton by update(), on the engine thread: every metric call
+        # then comes from that one thread (concurrent metric IPC from two threads corrupted tritonserver's heap).
+        self._pending: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
 
     def _metric(self, family, **labels: str):
         key = (id(family), tuple(sorted(labels.items())))
@@ -34,14 +40,18 @@ class TenantMetrics:
         return metric
 
     def observe(self, admission: Admission) -> None:
-        tenant = admission.tenant.tenant
-        if admission.admitted:
-            self._metric(self._admissions, tenant=tenant, outcome="admitted", reason="").increment(1)
-        else:
-            self._metric(self._admissions, tenant=tenant, outcome="refused",
-                         reason=admission.refusal.limit).increment(1)
+        """Count one admission decision (any thread); published at the next update()."""
+        reason = "" if admission.admitted else admission.refusal.limit
+        outcome = "admitted" if admission.admitted else "refused"
+        with self._lock:
+            self._pending[(admission.tenant.tenant, outcome, reason)] += 1
 
     def update(self, snapshot: AdmissionSnapshot) -> None:
+        """Publish counts and levels: call from one thread only (the engine loop's stats callback)."""
+        with self._lock:
+            pending, self._pending = self._pending, Counter()
+        for (tenant, outcome, reason), count in pending.items():
+            self._metric(self._admissions, tenant=tenant, outcome=outcome, reason=reason).increment(count)
         for tenant, levels in snapshot.buckets.items():
             for bucket, level in zip(("requests", "tokens"), levels):
                 # An unlimited bucket is reported as -1 (Prometheus gauges take +Inf, most dashboards do not).

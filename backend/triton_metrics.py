@@ -68,3 +68,17 @@ class TritonMetrics:
         self._ttft.observe((perf.first_token_time_ns - perf.arrival_time_ns) / 1e9)
         if out.num_output_tokens > 1:
             self._itl.observe((perf.last_token_time_ns - perf.first_token_time_ns) / 1e9 / (out.num_output_tokens - 1))
+
+
+class NoMetrics:
+    """Stands in for TritonMetrics and TenantMetrics where the model publishes none (ServingConfig.publish_metrics
+    false: several versions loaded at once, where the 2.51 Python backend's metric API crashes the server)."""
+
+    def update(self, *_) -> None:
+        pass
+
+    def observe_finished(self, _out: RequestOutput) -> None:
+        pass
+
+    def observe(self, _admission) -> None:
+        pass

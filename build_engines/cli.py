@@ -1,4 +1,4 @@
-"""`python -m build_engines {demo,tokenizer,tiny,random,convert,shard}`: each prints the path it produced.
+"""`python -m build_engines {build,demo,tokenizer,tiny,random,convert,shard}`: each prints the path it produced.
 
 Progress and logs go to stderr; stdout carries only the resulting directory, so scripts
 can do `HF=$(python -m build_engines demo)`.
@@ -22,6 +22,15 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m build_engines", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    bld = sub.add_parser("build", help="run build specs (YAML/TOML): convert, plan, quantize, shard, verify, install")
+    bld.add_argument("specs", type=Path, nargs="+", metavar="SPEC", help="build spec file(s), built in order")
+    bld.add_argument("--model-repository", type=Path, default=None,
+                     help="install each build as a new version of tensorrt_llm in this rendered repository "
+                          "(overrides the spec's model_repository)")
+    bld.add_argument("--summary", type=Path, default=None,
+                     help="also write the builds side by side to this markdown file (and .json beside it)")
+    bld.set_defaults(run=_build)
 
     demo = sub.add_parser("demo", help="train (or find cached) the demo model; prints its HF dir")
     _add_cache(demo)
@@ -68,6 +77,28 @@ def _add_random_model_args(p: argparse.ArgumentParser) -> None:
 
 
 # Heavy imports (torch, transformers) happen inside the commands, so --help is instant.
+def _build(args: argparse.Namespace) -> str:
+    import json
+    import sys
+
+    from .build import BuildStopped, build
+    from .report import summary_markdown
+    from .spec import BuildSpec, SpecError
+
+    try:
+        specs = [BuildSpec.load(path) for path in args.specs]  # every spec is checked before the first build
+        reports = [build(spec, args.model_repository, say=lambda m: print(m, file=sys.stderr)) for spec in specs]
+    except (SpecError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    except BuildStopped as exc:
+        raise SystemExit(str(exc)) from None
+    if args.summary:
+        dicts = [r.to_dict() for r in reports]
+        args.summary.write_text(summary_markdown(dicts))
+        args.summary.with_suffix(".json").write_text(json.dumps(dicts, indent=2) + "\n")
+    return "\n".join(str(spec.build_dir / "report.md") for spec in specs)
+
+
 def _demo(args: argparse.Namespace) -> Path:
     from .demo_model import build_demo_model
     return build_demo_model(args.cache)

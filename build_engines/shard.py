@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
 from .cache import atomic_dir
 from .checkpoint_format import (CONFIG_FILE, LM_HEAD, LN_F, VOCAB_EMBEDDING, TrtllmCheckpointConfig, layer_prefix,
@@ -49,7 +50,7 @@ def shard_checkpoint(src_dir: Path, dst_dir: Path, tp_size: int, pp_size: int) -
     weights = load_file(str(src_dir / rank_file(0)))
     _check_tensors(weights, cfg)
     with atomic_dir(dst_dir) as tmp:
-        for rank in range(tp_size * pp_size):
+        for rank in tqdm(range(tp_size * pp_size), desc="shard", unit="rank"):
             shard = shard_weights(weights, cfg, RankPosition(rank, tp_size, pp_size))
             save_file(shard, str(tmp / rank_file(rank)), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(sharded_config(raw, tp_size, pp_size), indent=2) + "\n")

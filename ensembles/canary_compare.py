@@ -1,10 +1,12 @@
 """Compare the canary with the stable version from the metrics endpoint, and a verdict: promote, hold or rollback.
 
-Per version (the `version` label of the tensorrt_llm model's metrics, `served_version` of the router's counter):
-    error rate   router's tritonllm_router_requests_total{outcome="error"} / all its requests
-    TTFT p50/p95 from the tritonllm_time_to_first_token_seconds histogram (linear within a bucket, as Prometheus'
-                 histogram_quantile)
-    tokens/s     decode tokens per second per stream: 1 / mean inter-token latency (tritonllm_inter_token_latency)
+Per version (the `served_version` label of the router's metrics, backend/router_metrics.py: while several versions
+are loaded the tensorrt_llm model publishes none):
+    error rate   tritonllm_router_requests_total{outcome="error"} / all its requests
+    TTFT p50/p95 from the tritonllm_router_time_to_first_token_seconds histogram (linear within a bucket, as
+                 Prometheus' histogram_quantile)
+    tokens/s     decode tokens per second per stream: 1 / mean inter-token latency
+                 (tritonllm_router_inter_token_latency_seconds)
 Counters are cumulative since the version was loaded; thresholds come from a TOML file (docs/canary.md).
 """
 from __future__ import annotations
@@ -15,11 +17,11 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from backend.router_metrics import ITL, TTFT
+from backend.router_metrics import REQUESTS as ROUTED
+
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
-TTFT = "tritonllm_time_to_first_token_seconds"
-ITL = "tritonllm_inter_token_latency_seconds"
-ROUTED = "tritonllm_router_requests_total"
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,9 @@ def version_stats(samples: list[Sample], version: int, model: str = "tensorrt_ll
     v = str(version)
     ok = sum(s.value for s in pick(ROUTED, model=model, served_version=v, outcome="ok"))
     errors = sum(s.value for s in pick(ROUTED, model=model, served_version=v, outcome="error"))
-    buckets = [(float(s.labels["le"]), s.value) for s in pick(TTFT + "_bucket", model=model, version=v)]
-    itl_sum = sum(s.value for s in pick(ITL + "_sum", model=model, version=v))
-    itl_count = sum(s.value for s in pick(ITL + "_count", model=model, version=v))
+    buckets = [(float(s.labels["le"]), s.value) for s in pick(TTFT + "_bucket", model=model, served_version=v)]
+    itl_sum = sum(s.value for s in pick(ITL + "_sum", model=model, served_version=v))
+    itl_count = sum(s.value for s in pick(ITL + "_count", model=model, served_version=v))
     return VersionStats(version, int(ok + errors), int(errors), histogram_quantile(0.5, buckets),
                         histogram_quantile(0.95, buckets), itl_count / itl_sum if itl_sum > 0 else None)
 

@@ -111,6 +111,10 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     ensemble = repo / "ensemble" / "config.pbtxt"
     ensemble.write_text(route_ensemble(ensemble.read_text()))
     _append(repo / "tensorrt_llm" / "config.pbtxt", version_policy_line([1]))
+    # Several versions load at once here, and the 2.51 Python backend crashes the server when such a model uses the
+    # metric API: the engine publishes none, the router publishes per-version figures (backend/router_metrics.py).
+    _append(repo / "tensorrt_llm" / "config.pbtxt",
+            'parameters { key: "publish_engine_metrics" value: { string_value: "false" } }')
     _append(repo / "postprocessing" / "config.pbtxt",
             'parameters { key: "stop_model" value: { string_value: "router" } }')
     return repo

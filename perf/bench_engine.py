@@ -42,12 +42,15 @@ def prompts(tokenizer, n: int, length: int) -> list[list[int]]:
 def bench_engine(engine_dir: Path, batch: list[list[int]], new_tokens: int) -> float:
     engine = LLMEngine(engine_dir, EngineConfig(max_batch_size=max(16, len(batch)), max_input_len=1024,
                                                 max_seq_len=2048, device="cpu"))
-    reqs = [Request(str(i), tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
-    engine.generate(reqs[:1])  # warm-up
-    reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
-    start = time.perf_counter()
-    out = engine.generate(reqs)
-    elapsed = time.perf_counter() - start
+    try:  # a sharded engine's worker processes end with close()
+        reqs = [Request(str(i), tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
+        engine.generate(reqs[:1])  # warm-up
+        reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
+        start = time.perf_counter()
+        out = engine.generate(reqs)
+        elapsed = time.perf_counter() - start
+    finally:
+        engine.close()
     return sum(len(v) for v in out.values()) / elapsed
 
 

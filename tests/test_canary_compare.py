@@ -12,11 +12,11 @@ METRICS = """\
 tritonllm_router_requests_total{model="tensorrt_llm",outcome="ok",served_version="1"} 900
 tritonllm_router_requests_total{model="tensorrt_llm",outcome="error",served_version="1"} 9
 tritonllm_router_requests_total{model="tensorrt_llm",outcome="ok",served_version="2"} 200
-tritonllm_time_to_first_token_seconds_bucket{model="tensorrt_llm",version="2",le="0.1"} 100
-tritonllm_time_to_first_token_seconds_bucket{model="tensorrt_llm",version="2",le="0.2"} 190
-tritonllm_time_to_first_token_seconds_bucket{model="tensorrt_llm",version="2",le="+Inf"} 200
-tritonllm_inter_token_latency_seconds_sum{model="tensorrt_llm",version="2"} 0.5
-tritonllm_inter_token_latency_seconds_count{model="tensorrt_llm",version="2"} 10
+tritonllm_router_time_to_first_token_seconds_bucket{model="tensorrt_llm",served_version="2",le="0.1"} 100
+tritonllm_router_time_to_first_token_seconds_bucket{model="tensorrt_llm",served_version="2",le="0.2"} 190
+tritonllm_router_time_to_first_token_seconds_bucket{model="tensorrt_llm",served_version="2",le="+Inf"} 200
+tritonllm_router_inter_token_latency_seconds_sum{model="tensorrt_llm",served_version="2"} 0.5
+tritonllm_router_inter_token_latency_seconds_count{model="tensorrt_llm",served_version="2"} 10
 """
 
 

@@ -8,6 +8,7 @@ import pytest
 from backend.canary_router import RoutingTable
 from ensembles.canary import CanaryController, CanaryError, ControlOptions
 from ensembles.canary_render import ROUTER, ROUTING_FILE, routing_file, version_policy_line
+from ensembles.server import ADMIN_HEADER
 
 
 class FakeTriton:
@@ -48,7 +49,7 @@ def test_start_loads_both_then_routes(control):
     assert table == RoutingTable({1: 90, 2: 10}, stable=1, canary=2)
     (load,) = [c for c in control.client.calls if c[0] == "load"]
     assert load[1] == [1, 2] and load[2] == RoutingTable({1: 100}, stable=1)  # loaded before any traffic moves
-    assert load[3] == {"admin-key": "k"}
+    assert load[3] == {ADMIN_HEADER: "k"}  # the header the launcher restricts model control with
     config = (control.opts.model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "version_policy: { specific: { versions: [ 1, 2 ] } }" in config
     assert control.status() == {"stable": 1, "canary": 2, "weights": {"1": 90, "2": 10}, "loaded": [1, 2],

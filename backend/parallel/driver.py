@@ -45,7 +45,8 @@ class ParallelModelRunner:
         if missing:
             raise FileNotFoundError(f"{ckpt_dir}: mapping {cfg.mapping} needs one file per rank; missing {missing}")
         store = rendezvous(self.pos, 0, timeout_s)  # port 0: the store binds a free port, no race
-        args = [str(ckpt_dir), "--port", str(store.port), "--device", device.type, "--num-blocks", str(blocks.num_blocks),
+        # Absolute: the workers run in the repository root, not in this process's working directory.
+        args = [str(Path(ckpt_dir).resolve()), "--port", str(store.port), "--device", device.type, "--num-blocks", str(blocks.num_blocks),
                 "--block-size", str(blocks.block_size), "--threads", str(worker_threads), "--timeout", str(timeout_s)]
         self.workers = [_spawn(rank, args, worker_threads) for rank in range(1, self.pos.world_size)]
         log.info("parallel engine: tp %d x pp %d, workers pids %s", self.pos.tp_size, self.pos.pp_size,

@@ -7,6 +7,7 @@ that key, or to every served version when the key is unknown here.
 """
 import json
 import threading
+import time
 
 import numpy as np
 
@@ -15,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.canary_router import (RoutingError, RoutingFile, Router, RoutingTable, expected_finals, pinned_version,
                                    routing_key)
+from backend.router_metrics import RouterMetrics, StreamTiming
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _ROUTER_INPUTS = ("session_id", "pin_version")  # ours; every other input goes to the LLM as it came
@@ -42,9 +44,7 @@ class TritonPythonModel:
         # Triton 2.51 crashes (segfault in libtriton_python.so with 4 concurrent streams; fine with this lock).
         self.ipc = threading.Lock()
         self.threads = set()
-        family = pb_utils.MetricFamily(name="tritonllm_router_requests_total", kind=pb_utils.MetricFamily.COUNTER,
-                                       description="Requests routed, by served version and outcome (ok, error)")
-        self.counter_family, self.counters = family, {}
+        self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/router_metrics.py)
 
     def execute(self, requests):
         for request in requests:
@@ -83,15 +83,33 @@ class TritonPythonModel:
         key = routing_key(params, None if session is None else session.reshape(-1)[0].decode())
         pin = pinned_version(params, None if pin_input is None else int(pin_input.reshape(-1)[0]))
         finals = expected_finals(arrays["input_ids"].shape[0], arrays.get("num_return_sequences"))
+        streaming = arrays.get("streaming")
+        timed = finals == 1 and streaming is not None and bool(streaming.reshape(-1)[0])  # TTFT / ITL measurable
         unavailable = frozenset()
         while True:
             version = self.routing.refresh().choose(key, pin, unavailable)
-            if self._forward(inputs, version, finals, sender, retry_allowed=pin is None):
+            if self._forward(inputs, version, finals, sender, retry_allowed=pin is None, timed=timed):
                 return
             unavailable |= {version}  # unloaded between the choice and the call (a promotion): choose again
 
-    def _forward(self, inputs, version, finals, sender, retry_allowed):
+    def _forward(self, inputs, version, finals, sender, retry_allowed, timed):
         """Stream version's responses to sender; False (nothing sent) when the version is gone and a retry may help."""
+        timing = StreamTiming(start=time.monotonic())
+        with self.ipc:
+            self.metrics.started(version)
+        outcome = None  # not counted when retried on another version
+        try:
+            outcome = self._stream(inputs, version, finals, sender, retry_allowed, timing)
+            return outcome is not None
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            with self.ipc:
+                self.metrics.finished(version, outcome, timing if timed and outcome == "ok" else None)
+
+    def _stream(self, inputs, version, finals, sender, retry_allowed, timing):
+        """The forwarding itself: "ok" or "error" (sent to the client), None when the version went away first."""
         llm_request = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
                                                 requested_output_names=self.llm_outputs)
         served = np.full((1, 1), version, dtype=np.int32)
@@ -104,14 +122,15 @@ class TritonPythonModel:
                     continue  # the empty final response after the last one forwarded
                 if response.has_error():
                     if sent == 0 and retry_allowed and self._gone(version):
-                        return False
+                        return None
                     self._send(sender, response)
-                    self._count(version, "error")
-                    return True
+                    return "error"
                 # Copies: the BLS response's memory goes with it, the forwarded response must outlive it.
                 arrays = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
                 if not arrays:
                     continue
+                if "sequence_length" in arrays:
+                    timing.on_tokens(int(arrays["sequence_length"].reshape(-1)[0]), time.monotonic())
                 done += self._track(arrays, version)
                 tensors = [pb_utils.Tensor(name, value) for name, value in arrays.items()]
                 self._send(sender, pb_utils.InferenceResponse(tensors + [pb_utils.Tensor("served_version", served)]),
@@ -119,12 +138,11 @@ class TritonPythonModel:
                 sent += 1
         except pb_utils.TritonModelException:
             if sent == 0 and retry_allowed and self._gone(version):
-                return False
+                return None
             raise
         if done < finals:
             self._send(sender, None)
-        self._count(version, "ok")
-        return True
+        return "ok"
 
     def _track(self, by_name, version):
         """Remember which version serves each request_key until its final response; 1 when this one is final."""
@@ -162,18 +180,10 @@ class TritonPythonModel:
         with self.ipc:
             sender.send(response, flags=flags)
 
-    def _count(self, version, outcome):
-        label = (str(version), outcome)
-        with self.lock:
-            with self.ipc:
-                if label not in self.counters:
-                    self.counters[label] = self.counter_family.Metric(
-                        labels={"model": self.llm, "served_version": label[0], "outcome": outcome})
-                self.counters[label].increment(1)
-
     def finalize(self):
         with self.lock:
             threads = list(self.threads)
         for thread in threads:
             thread.join(timeout=60)
-        self.counters, self.counter_family = {}, None
+        with self.ipc:
+            self.metrics.close()

@@ -18,10 +18,11 @@ from backend.sampling_params import InvalidRequestError
 from backend.sequence import FinishReason, Request
 from backend.serving_config import ServingConfig
 from backend.triton_io import RowStream, parse_request
+from backend.trtllm_executor import TrtllmExecutorEngine, is_engine_dir
 from backend.request_context import TenancyConfig, request_context
 from backend.tenant_metrics import TenantMetrics
 from backend.tenants import load_limits
-from backend.triton_metrics import TritonMetrics
+from backend.triton_metrics import NoMetrics, TritonMetrics
 from ensembles.versions import artifact_for
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -97,11 +98,15 @@ class TritonPythonModel:
         # A version folder with an artifact.json serves its own build (ensembles/versions.py).
         artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
-        self.engine = LLMEngine(engine_dir, self.serving.engine)
-        self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
+        # A trtllm-build engine dir (rank*.engine) runs on TensorRT-LLM's executor; a checkpoint on our engine.
+        engine_cls = TrtllmExecutorEngine if is_engine_dir(engine_dir) else LLMEngine
+        self.engine = engine_cls(engine_dir, self.serving.engine)
+        name, version = args["model_name"], args["model_version"]
+        self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenancy = TenancyConfig.from_parameters(params)
         self.admission = AdmissionController(load_limits(self.tenancy.limits_file))
-        self.tenant_metrics = TenantMetrics(pb_utils, args["model_name"], args["model_version"])
+        self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
+                               else NoMetrics())
         self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self._publish)
         # Triton request id -> engine request ids, for the anchor's `stop` input.
         self.by_triton_id = {}
@@ -134,6 +139,7 @@ class TritonPythonModel:
                                                              for r in rows])
         self.tenant_metrics.observe(admission)
         if not admission.admitted:
+            self.loop.wake()  # the engine thread publishes the refusal's count, also when idle
             code = pb_utils.TritonError.INVALID_ARG if admission.permanent else pb_utils.TritonError.UNAVAILABLE
             _send_error(sender, admission.error_message(), code)
             return None
