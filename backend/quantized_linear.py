@@ -23,6 +23,12 @@ from build_engines.quantize.int4 import dequantize, unpack
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 # Group sizes torch's CPU INT4 kernel (_weight_int4pack_mm_for_cpu) takes; it also needs out_features % 16 == 0.
 INT4_KERNEL_GROUPS = (32, 64, 128, 256)
+# torch 2.13's CPU weight-only kernels (_weight_int4pack_mm_for_cpu, _weight_int8pack_mm) cost about linearly in
+# the rows of x: measured on this 2-core AVX-512 EPYC (ms, float32, one thread; 4096 x 4096 weight), rows 1 / 4 / 16
+# / 64: INT4 kernel 37 / 130 / 464 / 1975, INT8 kernel 21 / 60 / 269 / 1092, int8 values -> float weight + float
+# matmul 86 / 86 / 112 / 120. So the kernels serve decode-sized inputs (<= KERNEL_MAX_ROWS rows) and larger ones
+# (prefill chunks, evaluation) dequantize the int8-held values for that call and use the float GEMM.
+KERNEL_MAX_ROWS = 4
 
 
 class QuantizedLinear(nn.Module):
@@ -50,10 +56,10 @@ class W8A16Linear(QuantizedLinear):
         self._buffer("weight", (out_features, in_features), torch.int8)
         self._buffer("per_channel_scale", (out_features,), dtype)
         self._kernel_scale: torch.Tensor | None = None
-        self._dequantized: torch.Tensor | None = None
 
     def prepare(self) -> None:
         scale = self.per_channel_scale.to(self.dtype)
+        self.per_channel_scale = scale
         # A fresh copy: torch's CPU int8 kernel segfaults (for more than one input row) on a weight that is not
         # 64-byte aligned, as tensors mapped from a safetensors file at an arbitrary offset are (torch 2.13).
         self.weight = self.weight.clone()
@@ -62,19 +68,20 @@ class W8A16Linear(QuantizedLinear):
             torch.ops.aten._weight_int8pack_mm(probe, self.weight, scale)
             self._kernel_scale = scale
         except (RuntimeError, NotImplementedError, AttributeError):  # no kernel for this device / dtype
-            self._dequantized = (self.weight.to(self.dtype) * scale[:, None]).contiguous()
+            self._kernel_scale = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._kernel_scale is None:
-            return F.linear(x, self._dequantized)
         flat = x.reshape(-1, self.in_features)
+        if self._kernel_scale is None or flat.shape[0] > KERNEL_MAX_ROWS:
+            return F.linear(x, self.weight.to(self.dtype) * self.per_channel_scale[:, None])
         return torch.ops.aten._weight_int8pack_mm(flat, self.weight, self._kernel_scale).view(*x.shape[:-1], -1)
 
 
 class Int4Linear(QuantizedLinear):
     """W4A16 group-wise (RTN or AWQ): packed int8 weight (out, in / 2), group scales (out, in / group), and with
-    AWQ the prequant_scaling_factor (in,) the activations are multiplied by first. torch's CPU INT4 kernel where
-    it applies (group in INT4_KERNEL_GROUPS, out % 16 == 0), else the dequantized weight."""
+    AWQ the prequant_scaling_factor (in,) the activations are multiplied by first. torch's CPU INT4 kernel for
+    decode-sized inputs where it applies (group in INT4_KERNEL_GROUPS, out % 16 == 0); otherwise the values (held
+    unpacked as int8, 1 byte a weight) are dequantized for the call."""
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig) -> None:
         super().__init__(in_features, out_features, dtype)
@@ -89,30 +96,28 @@ class Int4Linear(QuantizedLinear):
             self._buffer("prequant_scaling_factor", (in_features,), dtype)
         self._packed: torch.Tensor | None = None  # the kernel's layout
         self._scales_zeros: torch.Tensor | None = None  # (in / group, out, 2): scale, zero (0: symmetric)
-        self._dequantized: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None  # (out, in) int8 in [-8, 7]
 
     def uses_kernel(self) -> bool:
         return (self.weight.device.type == "cpu" and self.group_size in INT4_KERNEL_GROUPS
                 and self.out_features % 16 == 0 and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"))
 
     def prepare(self) -> None:
-        q, scales = unpack(self.weight), self.weights_scaling_factor
+        self._values = unpack(self.weight)
         if self.uses_kernel():
             # The kernel reads unsigned nibbles with an implicit offset of 8: w = (u - 8) * scale + zero.
-            self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu((q.to(torch.int32) + 8), 1)
-            scale_t = scales.t().to(self.dtype)
+            self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self._values.to(torch.int32) + 8, 1)
+            scale_t = self.weights_scaling_factor.t().to(self.dtype)
             self._scales_zeros = torch.stack([scale_t, torch.zeros_like(scale_t)], dim=-1).contiguous()
-        else:
-            self._dequantized = dequantize(q, scales, self.group_size).to(self.dtype).contiguous()
         if self.prequant:
             self.prequant_scaling_factor = self.prequant_scaling_factor.to(self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prequant:
             x = x * self.prequant_scaling_factor
-        if self._packed is None:
-            return F.linear(x, self._dequantized)
         flat = x.reshape(-1, self.in_features).contiguous()
+        if self._packed is None or flat.shape[0] > KERNEL_MAX_ROWS:
+            return F.linear(x, dequantize(self._values, self.weights_scaling_factor, self.group_size).to(self.dtype))
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self._packed, self.group_size, self._scales_zeros)
         return out.view(*x.shape[:-1], self.out_features)
 

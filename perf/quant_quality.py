@@ -16,8 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from build_engines.quantize.apply import calibrate, quant_config, quantize_checkpoint  # noqa: E402
-from build_engines.quantize.evaluate import evaluate_quality  # noqa: E402
+from backend.checkpoint import load_model  # noqa: E402
+from build_engines.quantize.apply import calibrate, quantize_checkpoint  # noqa: E402
+from build_engines.quantize.evaluate import evaluation_tokens, score_tokens  # noqa: E402
 
 BUILDS = (("int8_wo", "none"), ("fp8", "none"), ("fp8", "fp8"), ("int4_rtn", "none"), ("int4_awq", "none"),
           ("int4_awq", "fp8"), ("none", "fp8"))
@@ -35,16 +36,19 @@ def main() -> None:
     start = time.perf_counter()
     stats = calibrate(args.ckpt, args.tokenizer, max_tokens=args.calib_tokens)
     print(f"calibration: {stats.num_tokens} tokens, {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    rows = [{"method": "float", "kv_cache": "none",
-             **evaluate_quality(args.ckpt, args.tokenizer, max_tokens=args.eval_tokens).to_dict()}]
+    models, seconds = {}, {}
     for method, kv in BUILDS:
         start = time.perf_counter()
         q = quantize_checkpoint(args.ckpt, work / f"{method}-{kv}", method, kv, args.group, stats=stats,
                                 progress=False)
-        seconds = time.perf_counter() - start
-        report = evaluate_quality(q, args.tokenizer, args.ckpt, max_tokens=args.eval_tokens)
-        rows.append({"method": method, "kv_cache": kv, "quantize_s": round(seconds, 1), **report.to_dict(),
-                     "quant_algo": quant_config(method, kv, args.group).quant_algo})
+        seconds[method, kv] = round(time.perf_counter() - start, 1)
+        models[method, kv] = load_model(q, torch.device("cpu"))
+    reference = load_model(args.ckpt, torch.device("cpu"))
+    tokens = evaluation_tokens(args.tokenizer, max_tokens=args.eval_tokens)
+    reports = score_tokens({"float": reference, **models}, tokens, args.seq_len, reference, progress=True)
+    rows = [{"method": name[0] if isinstance(name, tuple) else name,
+             "kv_cache": name[1] if isinstance(name, tuple) else "none", "quantize_s": seconds.get(name),
+             **report.to_dict()} for name, report in reports.items()]
     table = _table(rows, args)
     print(table)
     out.mkdir(exist_ok=True)
@@ -57,8 +61,7 @@ def _table(rows: list[dict], args: argparse.Namespace) -> str:
              f"evaluation {rows[0]['tokens']} tokens", "",
              "| weights | KV cache | perplexity | vs float | top-1 agreement with float |", "|---|---|---|---|---|"]
     for r in rows:
-        inc = "" if r["perplexity_increase"] is None else f"{100 * r['perplexity_increase']:+.2f}%"
-        agree = "" if r["top1_agreement"] is None else f"{100 * r['top1_agreement']:.1f}%"
+        inc, agree = f"{100 * r['perplexity_increase']:+.2f}%", f"{100 * r['top1_agreement']:.1f}%"
         lines.append(f"| {r['method']} | {r['kv_cache']} | {r['perplexity']:.3f} | {inc} | {agree} |")
     return "\n".join(lines)
 
@@ -70,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--group", type=int, default=128, help="INT4 group size")
     p.add_argument("--calib-tokens", type=int, default=8192)
     p.add_argument("--eval-tokens", type=int, default=16384)
+    p.add_argument("--seq-len", type=int, default=256, help="evaluation window")
     p.add_argument("--threads", type=int, default=2)
     return p
 

@@ -1,6 +1,6 @@
 """The torch runtime on quantized checkpoints (backend/quantized_linear.py, backend/quantized_kv.py): a quantized
 model computes what the float model with the dequantized weights computes (logits and the engine's greedy tokens),
-on torch's CPU INT4 / INT8 kernels where they apply and dequantized otherwise; FP8 linears quantize their inputs;
+on torch's CPU INT4 / INT8 kernels for decode-sized inputs and dequantized otherwise; FP8 linears quantize their inputs;
 FP8 KV pools store float8 and read back within E4M3's precision; sharded quantized checkpoints (FP8 + FP8 KV,
 AWQ) give the unsharded engine's tokens; unsupported quantization is refused."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.model_config import kv_bytes_per_token, load_model_config
 from backend.quantized_kv import Fp8KVPool
-from backend.quantized_linear import Fp8Linear, Int4Linear, W8A16Linear
+from backend.quantized_linear import KERNEL_MAX_ROWS, Fp8Linear, Int4Linear, W8A16Linear
 from backend.sampling_params import SamplingParams
 from backend.scoring import window_logits
 from backend.sequence import Request
@@ -25,7 +25,7 @@ from build_engines.checkpoint_format import TrtllmCheckpointConfig
 from build_engines.quantize import apply
 from build_engines.quantize.fp8 import fake_quantize_fp8, quantize_fp8, scale_for
 from build_engines.quantize.int4 import dequantize, quantize_int4, unpack
-from build_engines.quantize.int8 import dequantize_int8
+from build_engines.quantize.int8 import dequantize_int8, quantize_int8
 from build_engines.shard import shard_checkpoint
 from tests.conftest import TEST_ENGINE_LIMITS, TINY_QUANT_GROUP as GROUP, random_prompts, run_to_end
 
@@ -87,18 +87,33 @@ def test_engine_greedy_tokens_on_awq_equal_the_dequantized_reference(quantized_t
 
 
 @pytest.mark.parametrize("out_features, group", [(48, 32), (40, 32), (48, 16)], ids=["kernel", "odd-out", "group16"])
-def test_int4_kernel_and_dequantized_fallback_agree(out_features, group):
+def test_int4_kernel_and_dequantized_paths_agree(out_features, group):
+    """Decode-sized inputs (<= KERNEL_MAX_ROWS rows) take torch's INT4 kernel where it applies, larger ones and
+    shapes it does not take the dequantized weight: the same numbers either way."""
     gen = torch.Generator().manual_seed(0)
-    w, x = torch.randn(out_features, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    w = torch.randn(out_features, 64, generator=gen)
     q = quantize_int4(w, group)
-    quant = apply.quant_config("int4_rtn", "none", group)
-    linear = Int4Linear(64, out_features, torch.float32, quant)
+    linear = Int4Linear(64, out_features, torch.float32, apply.quant_config("int4_rtn", "none", group))
     linear.load_state_dict({"weight": q.packed, "weights_scaling_factor": q.scales}, assign=True)
     linear.prepare()
     assert (linear._packed is not None) == (out_features % 16 == 0 and group >= 32)
-    want = x @ dequantize(unpack(q.packed), q.scales, group).t()
-    assert torch.allclose(linear(x), want, atol=1e-4, rtol=1e-4)
-    assert linear(x[None]).shape == (1, 5, out_features)  # any leading dims
+    deq = dequantize(unpack(q.packed), q.scales, group)
+    for rows in (1, KERNEL_MAX_ROWS, KERNEL_MAX_ROWS + 5):
+        x = torch.randn(rows, 64, generator=gen)
+        assert torch.allclose(linear(x), x @ deq.t(), atol=1e-4, rtol=1e-4)
+    assert linear(x[None]).shape == (1, KERNEL_MAX_ROWS + 5, out_features)  # any leading dims
+
+
+def test_int8_kernel_and_dequantized_paths_agree():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 64, generator=gen)
+    q, scale = quantize_int8(w)
+    linear = W8A16Linear(64, 48, torch.float32, apply.quant_config("int8_wo"))
+    linear.load_state_dict({"weight": q, "per_channel_scale": scale}, assign=True)
+    linear.prepare()
+    for rows in (1, KERNEL_MAX_ROWS + 3):
+        x = torch.randn(rows, 64, generator=gen)
+        assert torch.allclose(linear(x), x @ dequantize_int8(q, scale).t(), atol=1e-4, rtol=1e-4)
 
 
 def test_fp8_linear_quantizes_weight_and_input():

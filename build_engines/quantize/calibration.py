@@ -24,7 +24,7 @@ from build_engines.checkpoint_format import layer_prefix
 from build_engines.corpus import heldout_part_text
 
 CALIBRATION_PART = 0  # of build_engines.corpus.heldout_part_text's two parts; evaluation uses the other
-CHARS_PER_TOKEN = 4  # generous: read enough text for max_tokens (the demo tokenizer makes ~3.4 chars a token)
+CHARS_PER_TOKEN = 6  # generous: read enough text for max_tokens (held-out stdlib: ~5 chars a demo-tokenizer token)
 # Linear inputs recorded, as (module whose input it is, the linears that read it).
 INPUTS = (("attention", ("attention.qkv",)), ("attention.dense", ("attention.dense",)),
           ("mlp", ("mlp.fc", "mlp.gate")), ("mlp.proj", ("mlp.proj",)))

@@ -56,32 +56,37 @@ def evaluate_quality(ckpt_dir: Path, tokenizer_dir: Path, reference_dir: Path | 
     tokens = evaluation_tokens(tokenizer_dir, text_file, max_tokens)
     model = load_model(Path(ckpt_dir), torch.device("cpu"))
     reference = load_model(Path(reference_dir), torch.device("cpu")) if reference_dir is not None else None
-    return score_tokens(model, tokens, seq_len, reference, progress)
+    return score_tokens({"model": model}, tokens, seq_len, reference, progress)["model"]
 
 
-def score_tokens(model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int,
+def score_tokens(models: dict[str, LlamaForCausalLM], tokens: torch.Tensor, seq_len: int,
                  reference: LlamaForCausalLM | None = None, progress: bool = False,
-                 batch_windows: int = 4) -> QualityReport:
-    """QualityReport of `model` (and `reference`) over tokens (n,) cut into windows of seq_len."""
+                 batch_windows: int = 4) -> dict[str, QualityReport]:
+    """A QualityReport per model over tokens (n,) cut into windows of seq_len; the reference runs once."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")
     n_windows = len(tokens) // seq_len
     if n_windows == 0:
         raise ValueError(f"{len(tokens)} tokens are fewer than one window of seq_len {seq_len}")
     windows = tokens[: n_windows * seq_len].view(n_windows, seq_len)
-    nll, ref_nll, agree, count = 0.0, 0.0, 0, 0
+    nll, agree = dict.fromkeys(models, 0.0), dict.fromkeys(models, 0)
+    ref_nll, count = 0.0, 0
     for batch in tqdm(windows.split(batch_windows), desc="evaluating", unit="batch", disable=not progress):
         targets = batch[:, 1:]
-        logits = window_logits(model, batch)[:, :-1]  # (b, n - 1, vocab)
-        nll += _nll_sum(logits, targets)
         count += targets.numel()
+        ref_top1 = None
         if reference is not None:
-            ref_logits = window_logits(reference, batch)[:, :-1]
+            ref_logits = window_logits(reference, batch)[:, :-1]  # (b, n - 1, vocab)
             ref_nll += _nll_sum(ref_logits, targets)
-            agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
-    if reference is None:
-        return QualityReport(count, math.exp(nll / count))
-    return QualityReport(count, math.exp(nll / count), math.exp(ref_nll / count), agree / count)
+            ref_top1 = ref_logits.argmax(-1)
+        for name, model in models.items():
+            logits = window_logits(model, batch)[:, :-1]
+            nll[name] += _nll_sum(logits, targets)
+            if ref_top1 is not None:
+                agree[name] += int((logits.argmax(-1) == ref_top1).sum())
+    ref_ppl = math.exp(ref_nll / count) if reference is not None else None
+    return {name: QualityReport(count, math.exp(nll[name] / count), ref_ppl,
+                                agree[name] / count if reference is not None else None) for name in models}
 
 
 def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:

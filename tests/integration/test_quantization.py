@@ -21,8 +21,9 @@ from tests.integration.trtllm_direct import generate_ids
 BUILDS = {"int4_rtn": ("int4_rtn", "none"), "int4_awq": ("int4_awq", "none"), "fp8": ("fp8", "fp8")}
 CALIB_TOKENS, EVAL_TOKENS, SEQ_LEN = 4096, 8192, 256
 # Stated bounds (relative perplexity increase over float, top-1 next-token agreement with float) on held-out text.
-FP8_MAX_PPL_INCREASE, FP8_MIN_TOP1 = 0.02, 0.95
-AWQ_MAX_PPL_INCREASE, AWQ_MIN_TOP1 = 0.10, 0.85
+# Measured here (8160 tokens): RTN +0.22%, 96.5%; AWQ -0.02%, 96.9%; FP8 + FP8 KV +0.09%, 97.6%.
+FP8_MAX_PPL_INCREASE, FP8_MIN_TOP1 = 0.01, 0.95
+AWQ_MAX_PPL_INCREASE, AWQ_MIN_TOP1 = 0.02, 0.93
 PROMPTS = [("def ", 24), ("import os\n", 32)]
 
 
@@ -39,8 +40,8 @@ def quality(demo, builds):
     torch.set_num_threads(2)
     tokens = evaluation_tokens(demo.tokenizer_dir, max_tokens=EVAL_TOKENS)
     reference = load_model(demo.engine_dir, torch.device("cpu"))
-    reports = {name: score_tokens(load_model(d, torch.device("cpu")), tokens, SEQ_LEN, reference)
-               for name, d in builds.items()}
+    models = {name: load_model(d, torch.device("cpu")) for name, d in builds.items()}
+    reports = score_tokens(models, tokens, SEQ_LEN, reference)
     for name, r in reports.items():
         print(f"{name}: ppl {r.perplexity:.3f} (float {r.reference_perplexity:.3f}, "
               f"{100 * r.perplexity_increase:+.2f}%), top-1 agreement {100 * r.top1_agreement:.1f}% over {r.tokens} tokens")
