@@ -13,5 +13,5 @@ COUNT=${COUNT:-32}
 OUT=${OUT:-$ROOT/perf/out/perf_analyzer}
 sweep() { "$PY" "$ROOT/perf/perf_analyzer/sweep.py" --url "$URL" --max-tokens "$MAX_TOKENS" --request-count "$COUNT" "$@"; }
 sweep --target ensemble --concurrency 1 2 4 8 16 --out "$OUT/ensemble_concurrency"
-sweep --target ensemble --request-rate 1 2 4 8 --out "$OUT/ensemble_rate"
+sweep --target ensemble --request-rate 1 2 4 8 --request-count 0 --out "$OUT/ensemble_rate"  # time windows
 sweep --target tensorrt_llm --concurrency 1 4 16 --out "$OUT/tensorrt_llm_concurrency"
