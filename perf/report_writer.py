@@ -71,7 +71,8 @@ def plot_curves(s: dict, loads: list[int], path: Path) -> None:
 
 def plot_ttft(s: dict, loads: list[int], path: Path) -> None:
     """TTFT distributions (empirical CDFs) per system at each load."""
-    fig, axes = plt.subplots(1, len(loads), figsize=(3.2 * len(loads), 3.4), sharey=True)
+    fig, axes = plt.subplots(1, len(loads), figsize=(3.6 * len(loads), 3.4), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, c in zip(axes, loads):
         for system, label in LABELS.items():
             values = sorted(s[(system, c)]["ttfts"])
@@ -130,25 +131,29 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
     m, a, top = results["machine"], results["args"], max(loads)
     ratio = s[("ensemble", top)]["tok_s"] / s[("engine", top)]["tok_s"]
     load = results["loadavg"]
-    busy = max(load["before"][0], load["after"][0]) > 0.5 * m["nproc"]
+    busy = max(v[0] for v in load.values()) > 0.5 * m["nproc"]
     pfx = results["prefix_cache_ttft_ms"]
     peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | {_vllm(r['vllm_cpu'])} |\n"
                     for r in results["peers"])
     d = results["dtypes"]
     return f"""# tritonllm benchmark report
 
-One run of `make bench` (`.venv/bin/python perf/bench_report.py`), {datetime.date.today()}, {results['elapsed_s']} s.
+One run of `make bench` (`{results['command']}`), {datetime.date.today()}, {results['elapsed_s']} s.
 Machine: {m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB, no GPU; Python {m['python']}, torch {m['torch']}
-({m['torch_threads']} threads). Load average before / after: {load['before'][0]:.2f} / {load['after'][0]:.2f}{
+(torch threads: {m['torch_threads']}). Load average (1 min) before / after the serving-overhead runs / at the end:
+{load['before'][0]:.2f} / {load.get('after_overhead', [float('nan')])[0]:.2f} / {load['after'][0]:.2f}{
 ' -- the machine was busy with other work during this run, so absolute numbers are low and noisy; the ratios compare runs interleaved on the same machine' if busy else ''}.
 Every number below comes from this run; raw numbers: [report/bench_report.json](report/bench_report.json).
 
 Workload: the demo model (float32, greedy), prompts of {a['prompt_len']} tokens cut from held-out standard-library
 source, exactly {a['new_tokens']} new tokens per request (min_tokens = max_tokens), closed loop: N streams each
-sending its next request when the last one finished, {a['requests_per_stream']} requests per stream (at least 6),
+sending its next request when the last one finished, {a['requests_per_stream']} requests per stream (at least 4), all streams starting at once,
 {a['repeats']} repeats alternating engine / ensemble / tensorrt_llm. Served side: tritonserver with prefix caching
 off, driven by perf_analyzer over gRPC streaming on the same machine; throughput = requests x new tokens / (last
-response - first send), the same definition in-process.
+response - first send), the same definition in-process. The engine runs {a['threads']} torch thread(s) in-process and
+in the server alike (HF transformers too; vLLM-CPU binds its own OpenMP threads to every core): on 2 cores the
+served engine shares them with Triton, the pre/postprocessing models and the load generator, and spinning OpenMP
+threads that contend with other processes slow a step several-fold.
 
 ## Serving overhead
 

@@ -78,15 +78,15 @@ def input_data(target: str, max_tokens: int, out_dir: Path) -> Path:
 
 
 def command(target: str, url: str, load: Load, data: Path, csv_path: Path, export: Path, request_count: int,
-            perf_analyzer: Path = PERF_ANALYZER, measurement_ms: int = 8000) -> list[str]:
+            perf_analyzer: Path = PERF_ANALYZER, measurement_ms: int = 8000, warmup: bool = True) -> list[str]:
     """perf_analyzer over gRPC streaming. request_count > 0: exactly that many requests (after one warm-up request
-    per stream at a concurrency); 0: time windows of measurement_ms until stable (at most 3 trials)."""
+    per stream at a concurrency, if `warmup`); 0: time windows of measurement_ms until stable (at most 3 trials)."""
     cmd = [str(perf_analyzer), "-m", target, "-u", url, "-i", "grpc", "--streaming", "--input-data", str(data),
            *load.args(), "-f", str(csv_path), "--profile-export-file", str(export), "--max-threads", "32"]
     if request_count > 0:
         cmd += ["--request-count", str(request_count)]
         # One warm-up request per stream; perf_analyzer 2.60 hangs with warm-up requests in request-rate mode.
-        return cmd + (["--warmup-request-count", str(int(load.value))] if load.mode == "concurrency" else [])
+        return cmd + (["--warmup-request-count", str(int(load.value))] if warmup and load.mode == "concurrency" else [])
     return cmd + ["--measurement-interval", str(measurement_ms), "--max-trials", "3", "-s", "50"]
 
 
@@ -122,13 +122,14 @@ def summarize(target: str, load: Load, row: dict[str, str], requests: list[tuple
 
 
 def run_point(target: str, url: str, load: Load, data: Path, max_tokens: int, out_dir: Path, request_count: int = 0,
-              perf_analyzer: Path = PERF_ANALYZER, timeout_s: float = 600, tag: str = "") -> Point:
+              perf_analyzer: Path = PERF_ANALYZER, timeout_s: float = 600, tag: str = "", warmup: bool = True) -> Point:
     """Run perf_analyzer once at `load` with input file `data` (whose requests generate exactly max_tokens
     tokens); raise with its output when it fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = tag or f"{target}_{load.mode}_{load.value:g}"
     csv_path, export = out_dir / f"{tag}.csv", out_dir / f"{tag}_export.json"
-    cmd = command(target, url, load, data, csv_path, export, request_count, perf_analyzer)
+    export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite an export
+    cmd = command(target, url, load, data, csv_path, export, request_count, perf_analyzer, warmup=warmup)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     (out_dir / f"{tag}.log").write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
     if proc.returncode != 0 or not csv_path.is_file():
