@@ -29,6 +29,7 @@ sys.path.insert(0, str(PERF / "perf_analyzer"))
 
 import bench_engine  # noqa: E402
 import sweep  # noqa: E402
+from make_inputs import ensemble_entry, tensorrt_llm_entry  # noqa: E402
 from engine_load import LoadRun, closed_loop  # noqa: E402
 from report_writer import write_report  # noqa: E402
 import torch  # noqa: E402
@@ -72,10 +73,8 @@ class Workload:
 
     def input_files(self, out: Path, tag: str, max_tokens: int) -> dict[str, Path]:
         """perf_analyzer --input-data files for the ensemble and for tensorrt_llm, one request per prompt."""
-        ens = [{"text_input": [t], "max_tokens": [max_tokens], "min_tokens": [max_tokens], "stream": [True]}
-               for t in self.texts]
-        trt = [{"input_ids": {"content": i, "shape": [len(i)]}, "input_lengths": [len(i)],
-                "request_output_len": [max_tokens], "min_tokens": [max_tokens], "streaming": [True]} for i in self.ids]
+        ens = [ensemble_entry(t, max_tokens) for t in self.texts]
+        trt = [tensorrt_llm_entry(i, max_tokens) for i in self.ids]
         files = {}
         for target, entries in (("ensemble", ens), ("tensorrt_llm", trt)):
             files[target] = out / f"{tag}_{target}.json"
@@ -92,16 +91,18 @@ def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threa
     return server.start(ready_timeout_s=600, models=MODELS)
 
 
-def served(target: str, server: TritonServer, c: int, data: Path, n: int, max_tokens: int, tag: str) -> Measurement:
+def served(target: str, server: TritonServer, c: int, data: Path, n: int, max_tokens: int, tag: str,
+           repeat: int = 0) -> Measurement:
     # No warm-up requests: like the in-process loop, all c streams start at once on an already warm server.
     p = sweep.run_point(target, server.grpc_url, sweep.Load("concurrency", c), data, max_tokens, OUT, n, tag=tag,
                         warmup=False)
-    return Measurement(target, c, 0, p.requests, p.output_tok_s, list(p.ttfts_ms), list(p.latencies_ms))
+    return Measurement(target, c, repeat, p.requests, p.output_tok_s, list(p.ttfts_ms), list(p.latencies_ms))
 
 
-def in_process(engine: LLMEngine, work: Workload, c: int, max_tokens: int, tag: str) -> Measurement:
-    run: LoadRun = closed_loop(engine, work.ids, c, max_tokens, tag=tag)
-    return Measurement("engine", c, 0, len(work.ids), run.output_tok_s, list(run.ttfts_ms), list(run.latencies_ms))
+def in_process(engine: LLMEngine, work: Workload, c: int, max_tokens: int, repeat: int) -> Measurement:
+    run: LoadRun = closed_loop(engine, work.ids, c, max_tokens, tag=f"c{c}r{repeat}-")
+    return Measurement("engine", c, repeat, len(work.ids), run.output_tok_s, list(run.ttfts_ms),
+                       list(run.latencies_ms))
 
 
 def overhead(server: TritonServer, engine: LLMEngine, tok, args) -> list[Measurement]:
@@ -113,12 +114,9 @@ def overhead(server: TritonServer, engine: LLMEngine, tok, args) -> list[Measure
         files = work.input_files(OUT, f"c{c}", args.new_tokens)
         for rep in range(args.repeats):
             print(f"concurrency {c}, repeat {rep + 1}/{args.repeats}", file=sys.stderr)
-            batch = [in_process(engine, work, c, args.new_tokens, f"c{c}r{rep}-")]
+            rows.append(in_process(engine, work, c, args.new_tokens, rep))
             for target in ("ensemble", "tensorrt_llm"):
-                batch.append(served(target, server, c, files[target], n, args.new_tokens, f"c{c}_r{rep}_{target}"))
-            for m in batch:
-                m.repeat = rep
-            rows += batch
+                rows.append(served(target, server, c, files[target], n, args.new_tokens, f"c{c}_r{rep}_{target}", rep))
     return rows
 
 
@@ -140,14 +138,12 @@ def prefix_cache(servers: dict[bool, TritonServer], tok, args) -> dict[str, list
     """TTFT of requests sharing a --prefix-len token prefix (distinct suffixes), cache off vs on, 4 streams."""
     prefix = Workload.from_heldout(tok, 1, args.prefix_len, skip=200).texts[0]
     suffixes = Workload.from_heldout(tok, 24, 16, skip=300).texts
-    work = Workload([prefix + s for s in suffixes], [])
-    data = json.dumps({"data": [{"text_input": [t], "max_tokens": [8], "min_tokens": [8], "stream": [True]}
-                                for t in work.texts]})
-    (OUT / "prefix_ensemble.json").write_text(data)
+    data = OUT / "prefix_ensemble.json"
+    data.write_text(json.dumps({"data": [ensemble_entry(prefix + s, 8) for s in suffixes]}))
     out = {}
     for reuse, server in servers.items():
-        p = sweep.run_point("ensemble", server.grpc_url, sweep.Load("concurrency", 4), OUT / "prefix_ensemble.json",
-                            8, OUT, len(work.texts), tag=f"prefix_reuse_{reuse}")
+        p = sweep.run_point("ensemble", server.grpc_url, sweep.Load("concurrency", 4), data, 8, OUT, len(suffixes),
+                            tag=f"prefix_reuse_{reuse}")
         out["on" if reuse else "off"] = list(p.ttfts_ms)
     return out
 

@@ -35,21 +35,21 @@ PROMPTS = [
 ]
 
 
-def ensemble_entries(max_tokens: int, stream: bool = True) -> list[dict]:
-    return [{"text_input": [p], "max_tokens": [max_tokens], "min_tokens": [max_tokens], "stream": [stream]}
-            for p in PROMPTS]
+def ensemble_entry(text: str, max_tokens: int, stream: bool = True) -> dict:
+    return {"text_input": [text], "max_tokens": [max_tokens], "min_tokens": [max_tokens], "stream": [stream]}
 
 
-def tensorrt_llm_entries(tokenizer_dir: Path, max_tokens: int, stream: bool = True) -> list[dict]:
+def tensorrt_llm_entry(ids: list[int], max_tokens: int, stream: bool = True) -> dict:
+    return {"input_ids": {"content": ids, "shape": [len(ids)]}, "input_lengths": [len(ids)],
+            "request_output_len": [max_tokens], "min_tokens": [max_tokens], "streaming": [stream]}
+
+
+def tokenize(tokenizer_dir: Path, texts: list[str]) -> list[list[int]]:
+    """As the preprocessing model tokenizes (add_special_tokens false)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    entries = []
-    for prompt in PROMPTS:
-        ids = tok.encode(prompt, add_special_tokens=False)  # as preprocessing tokenizes (add_special_tokens false)
-        entries.append({"input_ids": {"content": ids, "shape": [len(ids)]}, "input_lengths": [len(ids)],
-                        "request_output_len": [max_tokens], "min_tokens": [max_tokens], "streaming": [stream]})
-    return entries
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
 def write(path: Path, entries: list[dict]) -> Path:
@@ -66,8 +66,9 @@ def main() -> None:
         from ensembles import artifacts
 
         args.tokenizer = artifacts.demo().tokenizer_dir
-    print(write(HERE / "ensemble_inputs.json", ensemble_entries(args.max_tokens)))
-    print(write(HERE / "tensorrt_llm_inputs.json", tensorrt_llm_entries(args.tokenizer, args.max_tokens)))
+    print(write(HERE / "ensemble_inputs.json", [ensemble_entry(p, args.max_tokens) for p in PROMPTS]))
+    ids = tokenize(args.tokenizer, PROMPTS)
+    print(write(HERE / "tensorrt_llm_inputs.json", [tensorrt_llm_entry(i, args.max_tokens) for i in ids]))
 
 
 if __name__ == "__main__":
