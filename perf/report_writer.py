@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 LABELS = {"engine": "engine in-process", "ensemble": "server: ensemble (gRPC stream)",
           "tensorrt_llm": "server: tensorrt_llm direct (gRPC stream)"}
 GOAL = 0.9
+BUSY = (" -- the machine was busy with other work during this run (other engineers' builds and tests), so absolute "
+        "numbers are low and noisy; compare within a table, whose columns ran interleaved, one right after the other")
 
 
 
@@ -46,8 +48,9 @@ def overhead_table(s: dict, loads: list[int]) -> str:
     for c in loads:
         e, ens, trt = s[("engine", c)], s[("ensemble", c)], s[("tensorrt_llm", c)]
         lines.append(f"| {c} | {e['tok_s']:.0f} ({e['min']:.0f}-{e['max']:.0f}) | {ens['tok_s']:.0f} "
-                     f"({ens['min']:.0f}-{ens['max']:.0f}) | **{ens['tok_s'] / e['tok_s']:.2f}** | {trt['tok_s']:.0f} | "
-                     f"{trt['tok_s'] / e['tok_s']:.2f} | {e['ttft_p50']:.0f} / {ens['ttft_p50']:.0f} |\n")
+                     f"({ens['min']:.0f}-{ens['max']:.0f}) | **{ens['tok_s'] / e['tok_s']:.2f}** | "
+                     f"{trt['tok_s']:.0f} | {trt['tok_s'] / e['tok_s']:.2f} | "
+                     f"{e['ttft_p50']:.0f} / {ens['ttft_p50']:.0f} |\n")
     return head + "".join(lines)
 
 
@@ -89,7 +92,8 @@ def plot_prefix(ttfts: dict[str, list[float]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for state, values in sorted(ttfts.items()):
         values = sorted(values)
-        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=f"prefix cache {state}")
+        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post",
+                label=f"prefix cache {state}")
     ax.set(xlabel="TTFT (ms)", ylabel="fraction of requests", xscale="log", title="Shared prefix, 4 streams")
     ax.legend()
     fig.tight_layout()
@@ -123,8 +127,14 @@ def write_report(results: dict, report: Path, plots: Path) -> None:
     report.write_text(render(results, s, loads, plots.relative_to(report.parent)))
 
 
-def _vllm(value: float | None) -> str:
-    return "not installed (bash perf/peers/setup_vllm.sh)" if value is None else f"{value:.0f}"
+def _loads(load: dict) -> str:
+    return " / ".join(f"{load[k][0]:.2f}" for k in ("before", "after_overhead", "after") if k in load)
+
+
+def _vllm(value: float | None, tried: bool) -> str:
+    if value is None:
+        return "failed to run (its stderr is in the run's log)" if tried else "not installed (perf/peers/setup_vllm.sh)"
+    return f"{value:.0f}"
 
 
 def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
@@ -133,7 +143,8 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
     load = results["loadavg"]
     busy = max(v[0] for v in load.values()) > 0.5 * m["nproc"]
     pfx = results["prefix_cache_ttft_ms"]
-    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | {_vllm(r['vllm_cpu'])} |\n"
+    tried = a["vllm"] == "True"
+    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | {_vllm(r['vllm_cpu'], tried)} |\n"
                     for r in results["peers"])
     d = results["dtypes"]
     return f"""# tritonllm benchmark report
@@ -141,19 +152,18 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
 One run of `make bench` (`{results['command']}`), {datetime.date.today()}, {results['elapsed_s']} s.
 Machine: {m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB, no GPU; Python {m['python']}, torch {m['torch']}
 (torch threads: {m['torch_threads']}). Load average (1 min) before / after the serving-overhead runs / at the end:
-{load['before'][0]:.2f} / {load.get('after_overhead', [float('nan')])[0]:.2f} / {load['after'][0]:.2f}{
-' -- the machine was busy with other work during this run, so absolute numbers are low and noisy; the ratios compare runs interleaved on the same machine' if busy else ''}.
+{_loads(load)}{BUSY if busy else ''}.
 Every number below comes from this run; raw numbers: [report/bench_report.json](report/bench_report.json).
 
 Workload: the demo model (float32, greedy), prompts of {a['prompt_len']} tokens cut from held-out standard-library
 source, exactly {a['new_tokens']} new tokens per request (min_tokens = max_tokens), closed loop: N streams each
-sending its next request when the last one finished, {a['requests_per_stream']} requests per stream (at least 4), all streams starting at once,
-{a['repeats']} repeats alternating engine / ensemble / tensorrt_llm. Served side: tritonserver with prefix caching
-off, driven by perf_analyzer over gRPC streaming on the same machine; throughput = requests x new tokens / (last
-response - first send), the same definition in-process. The engine runs {a['threads']} torch thread(s) in-process and
-in the server alike (HF transformers too; vLLM-CPU binds its own OpenMP threads to every core): on 2 cores the
-served engine shares them with Triton, the pre/postprocessing models and the load generator, and spinning OpenMP
-threads that contend with other processes slow a step several-fold.
+sending its next request when the last one finished, {a['requests_per_stream']} requests per stream (at least 4), all
+streams starting at once, {a['repeats']} repeats alternating engine / ensemble / tensorrt_llm. Served side:
+tritonserver with prefix caching off, driven by perf_analyzer over gRPC streaming on the same machine; throughput =
+requests x new tokens / (last response - first send), the same definition in-process. The engine runs
+{a['threads']} torch thread(s) in-process and in the server alike (HF transformers too; vLLM-CPU binds its own
+OpenMP threads to every core): on 2 cores the served engine shares them with Triton, the pre/postprocessing models
+and the load generator, and spinning OpenMP threads that contend with other processes slow a step several-fold.
 
 ## Serving overhead
 

@@ -36,8 +36,9 @@ from client.request import GenerationRequest  # noqa: E402
 MAX_TOKENS = int(os.environ.get("LOCUST_MAX_TOKENS", "32"))
 MIN_TOKENS = int(os.environ.get("LOCUST_MIN_TOKENS", str(MAX_TOKENS)))
 TIMEOUT_S = float(os.environ.get("LOCUST_TIMEOUT_S", "120"))
-PROMPTS = ["def fibonacci(n):\n", "class LRUCache:\n    def __init__(self, capacity):\n", "import os\n\n\ndef main():\n",
-           "def merge_sort(items):\n", "with open(filename) as f:\n", "if __name__ == '__main__':\n"]
+PROMPTS = ["def fibonacci(n):\n", "class LRUCache:\n    def __init__(self, capacity):\n",
+           "import os\n\n\ndef main():\n", "def merge_sort(items):\n", "with open(filename) as f:\n",
+           "if __name__ == '__main__':\n"]
 _prompts = itertools.cycle(PROMPTS)
 
 
