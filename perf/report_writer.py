@@ -144,7 +144,8 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
     busy = max(v[0] for v in load.values()) > 0.5 * m["nproc"]
     pfx = results["prefix_cache_ttft_ms"]
     tried = a["vllm"] == "True"
-    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | {_vllm(r['vllm_cpu'], tried)} |\n"
+    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | "
+                    f"{_vllm(r['vllm_cpu'], tried)} |\n"
                     for r in results["peers"])
     d = results["dtypes"]
     return f"""# tritonllm benchmark report
