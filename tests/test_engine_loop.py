@@ -148,3 +148,17 @@ def test_shutdown_fails_requests_in_flight_and_joins(engine, prompts):
     tokens, error = sink.collect()
     assert len(tokens) == 1 and isinstance(error, RuntimeError) and "shutting down" in str(error)
     assert not engine.has_work()
+
+
+def test_wake_publishes_stats_of_an_idle_engine(engine):
+    """Counts made outside the engine thread (refused admissions) reach the metrics without any request: wake()
+    makes the idle loop publish once more, from its own thread."""
+    published: queue.Queue = queue.Queue()
+    loop = EngineLoop(engine, on_stats=lambda stats: published.put(threading.current_thread().name))
+    try:
+        assert published.get(timeout=TIMEOUT_S) == "tritonllm-engine"  # idle at start: published once, then waits
+        assert published.empty()
+        loop.wake()
+        assert published.get(timeout=TIMEOUT_S) == "tritonllm-engine"
+    finally:
+        loop.shutdown()
