@@ -1,5 +1,5 @@
 """perf/grafana/tritonllm_dashboard.json parses, and every metric it queries is one that is exported: ours by the
-code (backend/triton_metrics.py, backend/tenant_metrics.py, the router model), with label values the code sets;
+code (backend/triton_metrics.py, backend/tenant_metrics.py, backend/router_metrics.py), with label values the code sets;
 Triton's own by name (tests/integration/test_perf_tools.py checks those against a real server's /metrics)."""
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from backend import router_metrics
 from backend.triton_metrics import _GAUGES
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "perf" / "grafana" / "tritonllm_dashboard.json"
 EXPORTERS = [ROOT / "backend" / "triton_metrics.py", ROOT / "backend" / "tenant_metrics.py",
-             ROOT / "model_repository" / "router" / "1" / "model.py"]
+             ROOT / "backend" / "router_metrics.py"]
 # Triton server's own metric families the dashboard uses (Triton's metrics documentation; 2.51 on CPU).
 TRITON_METRICS = {
     "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
@@ -35,6 +36,7 @@ def exported_by_code() -> set[str]:
         names |= set(re.findall(r'"((?:nv|tritonllm)_[a-z_]+)"', path.read_text()))
     histograms = set(re.findall(r'_histogram\(pb_utils, "([a-z_]+)"', EXPORTERS[0].read_text()))
     assert histograms, "no histograms found in backend/triton_metrics.py: update this test's pattern"
+    histograms |= {router_metrics.TTFT, router_metrics.ITL}
     return names | {h + suffix for h in histograms for suffix in ("_bucket", "_sum", "_count")}
 
 
