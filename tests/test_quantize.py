@@ -4,7 +4,6 @@ build_engines/shard.py expects (a quantized checkpoint shards), calibration stat
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

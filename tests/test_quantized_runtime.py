@@ -27,7 +27,7 @@ from build_engines.quantize.fp8 import fake_quantize_fp8, quantize_fp8, scale_fo
 from build_engines.quantize.int4 import dequantize, quantize_int4, unpack
 from build_engines.quantize.int8 import dequantize_int8, quantize_int8
 from build_engines.shard import shard_checkpoint
-from tests.conftest import TEST_ENGINE_LIMITS, TINY_QUANT_GROUP as GROUP, random_prompts, run_to_end
+from tests.conftest import TEST_ENGINE_LIMITS, random_prompts, run_to_end
 
 CPU = torch.device("cpu")
 
