@@ -18,8 +18,9 @@ from tqdm import tqdm
 from backend.checkpoint import load_model
 from backend.model import LlamaForCausalLM
 from backend.scoring import window_logits
+from build_engines.checkpoint_format import layer_prefix
 
-from .calibration import text_tokens
+from .calibration import INPUTS, collect_stats, text_tokens
 
 EVALUATION_PART = 1  # of build_engines.corpus.heldout_part_text's two parts
 DEFAULT_EVAL_TOKENS = 16384
@@ -91,3 +92,35 @@ def score_tokens(models: dict[str, LlamaForCausalLM], tokens: torch.Tensor, seq_
 
 def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"))
+
+
+@dataclass(frozen=True)
+class LayerErrorReport:
+    """How far a quantized model's decoder linears are from the reference's, on the same inputs.
+
+    Inputs are the reference model's own linear inputs on the given text (the float activations, so each linear is
+    judged alone, not through the drift of earlier layers). Errors are squared output differences summed over
+    every linear and sampled row; relative = that sum / the reference outputs' squared sum."""
+
+    relative_error: float
+    per_linear: dict[str, float]  # linear name -> its summed squared output error
+
+
+def layer_output_errors(reference: LlamaForCausalLM, models: dict[str, LlamaForCausalLM], tokens: torch.Tensor,
+                        seq_len: int = 256, sample_rows: int = 1024) -> dict[str, LayerErrorReport]:
+    """A LayerErrorReport per model: its linears run on the reference's recorded inputs over tokens (n,)."""
+    stats = collect_stats(reference, tokens, seq_len, sample_rows, progress=False)
+    errors: dict[str, dict[str, float]] = {name: {} for name in models}
+    ref_norm = 0.0
+    with torch.inference_mode():
+        for i, layer in enumerate(reference.transformer.layers):
+            for _, linears in INPUTS:
+                x = stats.linears[layer_prefix(i) + linears[0]].samples  # (rows, in) float32
+                for linear in linears:
+                    want = layer.get_submodule(linear)(x.to(layer.input_layernorm.weight.dtype)).float()
+                    ref_norm += float(want.pow(2).sum())
+                    for name, model in models.items():
+                        module = model.transformer.layers[i].get_submodule(linear)
+                        got = module(x.to(model.transformer.layers[i].input_layernorm.weight.dtype)).float()
+                        errors[name][layer_prefix(i) + linear] = float((got - want).pow(2).sum())
+    return {name: LayerErrorReport(sum(e.values()) / ref_norm, e) for name, e in errors.items()}
