@@ -1,4 +1,21 @@
-"""tritonllm's PyTorch LLM engine: paged KV cache, in-flight batching, sampling.
+"""tritonllm's serving runtime: one package per layer, imports running one way only (down this list).
 
-Nothing in this package imports Triton: the Triton models under model_repository/ are thin adapters over it.
+    serving   between Triton and the engine: the engine loop (the engine's thread), the tensor contract as numpy,
+      |       the config.pbtxt reader, pre/postprocessing, streaming detokenization, the router's forwarding state
+      |       machine, metrics publishers. Imports engine, model, formats, policy.
+      |\\
+      | policy   tenants, rate limiter, admission, request context, canary routing decisions. No torch, no Triton.
+      |
+    engine    in-flight batching: config, sampling params, sequences, prefix cache, block manager, scheduler,
+      |       sampler, stats, KV memory plan, LLMEngine and the TensorRT-LLM executor engine (interface.py).
+      |       The scheduler and its collaborators never import the model.
+    model     the torch decoder, its config and loader, StepInputs (the model's whole view of a step), the runner,
+      |       quantized linears / KV pools, tensor and pipeline parallelism (model/parallel/).
+    formats   on-disk contracts the build and the runtime share: TRT-LLM checkpoint config and tensor names, rank
+              layout, FP8 / INT4 / INT8 number formats, model-repository version artifacts. Imports nothing of ours.
+
+errors.py (InvalidRequestError) is a leaf every layer may import. No module here imports Triton (the Triton
+models under model_repository/ are thin adapters that pass pb_utils in), build_engines, ensembles or perf.
+Outside: build_engines imports backend; ensembles imports both; perf imports anything and nothing imports perf.
+tests/unit/test_layers.py checks all of this by parsing every import (tests/unit/import_rules.py holds the rules).
 """

@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .spec import DEMO_SOURCE, BuildSpec, SpecError
-from .report import BuildReport, Throughput, Verification, dir_bytes
+from build_engines.report import BuildReport, Throughput, Verification, dir_bytes
+from build_engines.spec import DEMO_SOURCE, BuildSpec, SpecError
 
 
 class BuildStopped(RuntimeError):
@@ -26,8 +26,8 @@ class BuildStopped(RuntimeError):
 
 def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[str], None] = print) -> BuildReport:
     """Run the pipeline; returns the report (also written to build_dir/report.{json,md})."""
-    from .convert import checkpoint_config_from_hf
-    from .plan import plan_memory
+    from build_engines.convert import checkpoint_config_from_hf
+    from build_engines.plan import plan_memory
 
     repo = Path(model_repository) if model_repository else spec.model_repository
     if repo is not None:
@@ -49,7 +49,7 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
         report.verification = verify_build(spec, hf_dir, artifact, single_rank, out, say)
     served = artifact
     if spec.target == "tensorrt_llm":
-        from .trtllm_target import run_trtllm_build, trtllm_build_argv
+        from build_engines.trtllm_target import run_trtllm_build, trtllm_build_argv
 
         report.trtllm_build_argv = trtllm_build_argv(spec, artifact, out / "engine")
         if trtllm_problem:
@@ -61,7 +61,7 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
             served = run_trtllm_build(report.trtllm_build_argv, out / "trtllm-build.log")
         report.sizes["engine_bytes"] = dir_bytes(served, "rank*.engine")
     if repo is not None:
-        from ensembles.versions import install_version
+        from backend.formats.versions import install_version
 
         with report.stage("install"):
             report.installed_version = install_version(repo, served, spec.version, meta=report.summary())
@@ -75,14 +75,14 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
 
 def _checkpoints(spec: BuildSpec, hf_dir: Path, out: Path, report: BuildReport) -> tuple[Path, Path, Path]:
     """(unquantized single-rank, quantized single-rank (the same without quantization), sharded artifact)."""
-    from .convert import convert_hf_to_trtllm
-    from .shard import shard_checkpoint
+    from build_engines.convert import convert_hf_to_trtllm
+    from build_engines.shard import shard_checkpoint
 
     with report.stage("convert"):
         unquantized = convert_hf_to_trtllm(hf_dir, out / f"checkpoint-{spec.dtype}", spec.dtype)
     single_rank = unquantized
     if spec.quant_algo or spec.kv_cache_quant_algo:
-        from .quantize.apply import quantize_checkpoint
+        from build_engines.quantize.apply import quantize_checkpoint
 
         with report.stage("calibrate+quantize"):
             single_rank = quantize_checkpoint(unquantized, out / "checkpoint-quantized", spec.quantization,
@@ -95,7 +95,7 @@ def _checkpoints(spec: BuildSpec, hf_dir: Path, out: Path, report: BuildReport) 
 
 def _check_install_target(repo: Path, version: int | None) -> None:
     """Refuse, before building, an install that would fail: no such repository, or the version is taken."""
-    from ensembles.versions import LLM_MODEL, list_versions
+    from backend.formats.versions import LLM_MODEL, list_versions
 
     try:
         versions = list_versions(repo)
@@ -109,7 +109,7 @@ def _check_install_target(repo: Path, version: int | None) -> None:
 def resolve_source(source: str) -> Path:
     """The HF checkpoint dir a spec names; `demo` trains (or finds cached) the demo model."""
     if source == DEMO_SOURCE:
-        from .demo_model import build_demo_model
+        from build_engines.demo_model import build_demo_model
 
         return build_demo_model(None)
     path = Path(source)
@@ -123,9 +123,9 @@ def verify_build(spec: BuildSpec, hf_dir: Path, artifact: Path, single_rank: Pat
                  say: Callable[[str], None]) -> Verification:
     """Perplexity and top-1 agreement against the float32 unquantized model; sharded builds served and compared
     with the single-rank checkpoint; the ONNX layer check; tokens/s."""
-    from .convert import convert_hf_to_trtllm
-    from .quantize.evaluate import evaluate_quality, evaluation_tokens
-    from .verify import check_layer_onnx, check_sharded
+    from build_engines.convert import convert_hf_to_trtllm
+    from build_engines.quantize.evaluate import evaluate_quality, evaluation_tokens
+    from build_engines.verify import check_layer_onnx, check_sharded
 
     v = spec.verify
     reference = convert_hf_to_trtllm(hf_dir, out / "reference-float32", "float32")
@@ -152,10 +152,10 @@ def verify_build(spec: BuildSpec, hf_dir: Path, artifact: Path, single_rank: Pat
 
 def measure_throughput(engine_dir: Path, tokenizer_dir: Path, batches: tuple[int, ...], prompt_len: int,
                        new_tokens: int) -> list[Throughput]:
-    """Output tokens/s of the torch engine on the artifact, greedy (perf/bench_engine.py's measurement)."""
+    """Output tokens/s of the torch engine on the artifact, greedy (build_engines/throughput.py)."""
     from transformers import AutoTokenizer
 
-    from perf.bench_engine import bench_engine, prompts
+    from build_engines.throughput import bench_engine, prompts
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     rows = []
@@ -171,7 +171,7 @@ def _trtllm_problem(spec: BuildSpec) -> str | None:
     """Why the tensorrt_llm target cannot run here, or None (also None for the torch target)."""
     if spec.target != "tensorrt_llm":
         return None
-    from .trtllm_target import TrtllmUnavailable, check_available
+    from build_engines.trtllm_target import TrtllmUnavailable, check_available
 
     try:
         check_available()

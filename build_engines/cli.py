@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cache import default_cache_root
-from .checkpoint_format import DTYPES
+from backend.formats.checkpoint import DTYPES
+from build_engines.cache import default_cache_root
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,9 +81,9 @@ def _build(args: argparse.Namespace) -> str:
     import json
     import sys
 
-    from .build import BuildStopped, build
-    from .report import summary_markdown
-    from .spec import BuildSpec, SpecError
+    from build_engines.build import BuildStopped, build
+    from build_engines.report import summary_markdown
+    from build_engines.spec import BuildSpec, SpecError
 
     try:
         specs = [BuildSpec.load(path) for path in args.specs]  # every spec is checked before the first build
@@ -100,37 +100,37 @@ def _build(args: argparse.Namespace) -> str:
 
 
 def _demo(args: argparse.Namespace) -> Path:
-    from .demo_model import build_demo_model
+    from build_engines.demo_model import build_demo_model
     return build_demo_model(args.cache)
 
 
 def _tokenizer(args: argparse.Namespace) -> Path:
-    from .tokenizer import build_tokenizer
+    from build_engines.tokenizer import build_tokenizer
     return build_tokenizer(args.cache)
 
 
 def _tiny(args: argparse.Namespace) -> Path:
-    from .random_model import make_tiny_random
-    from .tokenizer import build_tokenizer
+    from build_engines.random_model import make_tiny_random
+    from build_engines.tokenizer import build_tokenizer
     return make_tiny_random(args.out, build_tokenizer(args.cache), seed=args.seed)
 
 
 def _random(args: argparse.Namespace) -> Path:
-    from .model_dims import LlamaDims
-    from .random_model import make_random_model
-    from .tokenizer import build_tokenizer
+    from build_engines.model_dims import LlamaDims
+    from build_engines.random_model import make_random_model
+    from build_engines.tokenizer import build_tokenizer
     dims = LlamaDims(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                      num_kv_heads=args.kv_heads, intermediate_size=args.intermediate)
     return make_random_model(args.out, build_tokenizer(args.cache), dims, seed=args.seed)
 
 
 def _convert(args: argparse.Namespace) -> Path:
-    from .convert import convert_hf_to_trtllm
+    from build_engines.convert import convert_hf_to_trtllm
     return convert_hf_to_trtllm(args.hf, args.out, args.dtype)
 
 
 def _shard(args: argparse.Namespace) -> Path:
-    from .shard import shard_checkpoint
+    from build_engines.shard import shard_checkpoint
     try:
         return shard_checkpoint(args.src, args.dst, args.tp, args.pp)
     except ValueError as exc:  # a model that cannot be split this way: the message says what would work

@@ -10,9 +10,17 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import LlamaConfig
 
-from .cache import atomic_dir
-from .checkpoint_format import (CONFIG_FILE, DTYPES, LM_HEAD, LN_F, VOCAB_EMBEDDING, LayerNames,
-                                TrtllmCheckpointConfig, rank_file)
+from backend.formats.checkpoint import (
+    CONFIG_FILE,
+    DTYPES,
+    LM_HEAD,
+    LN_F,
+    VOCAB_EMBEDDING,
+    LayerNames,
+    TrtllmCheckpointConfig,
+    rank_file,
+)
+from build_engines.cache import atomic_dir
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # HF per-layer tensor (after "model.layers.{i}.") -> LayerNames field, for plain renames.

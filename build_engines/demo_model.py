@@ -17,12 +17,12 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from .cache import build_once, default_cache_root, short_hash
-from .corpus import CorpusSpec, heldout_text, training_texts
-from .model_dims import LlamaDims
-from .random_model import make_random_model, make_tiny_random, new_model, save_model
-from .tokenizer import TokenizerRecipe, build_tokenizer, endoftext_id
-from .training import TrainResult, TrainSchedule, greedy_sample, mean_loss, train_model
+from build_engines.cache import build_once, default_cache_root, short_hash
+from build_engines.corpus import CorpusSpec, heldout_text, training_texts
+from build_engines.model_dims import LlamaDims
+from build_engines.random_model import make_random_model, make_tiny_random, new_model, save_model
+from build_engines.tokenizer import TokenizerRecipe, build_tokenizer, endoftext_id
+from build_engines.training import TrainResult, TrainSchedule, greedy_sample, mean_loss, train_model
 
 __all__ = ["DemoRecipe", "build_demo_model", "heldout_text", "make_random_model", "make_tiny_random"]
 

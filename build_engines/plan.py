@@ -2,7 +2,7 @@
 tokens that fit in the spec's device memory and fraction. An impossible spec is refused here with what to change.
 
 Per-rank shapes come from the sharder itself (shard.shard_weights over meta tensors), so the plan splits the
-model exactly as the build will; the KV capacity comes from the engine's own planner (backend/memory_plan.py).
+model exactly as the build will; the KV capacity comes from the engine's own planner (backend/engine/memory_plan.py).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.memory_plan import KVPlan, plan_kv_cache
-from .checkpoint_format import LM_HEAD, LN_F, VOCAB_EMBEDDING, Mapping, QuantConfig, TrtllmCheckpointConfig
-from .rank_layout import RankPosition, check_tp, kv_heads_per_rank, pp_layers
-from .shard import COLUMN_PARALLEL, ROW_PARALLEL, shard_weights
-from .spec import BuildSpec, SpecError
+from backend.engine.memory_plan import KVPlan, plan_kv_cache
+from backend.formats.checkpoint import LM_HEAD, LN_F, VOCAB_EMBEDDING, Mapping, QuantConfig, TrtllmCheckpointConfig
+from backend.formats.rank_layout import RankPosition, check_tp, kv_heads_per_rank, pp_layers
+from build_engines.shard import COLUMN_PARALLEL, ROW_PARALLEL, shard_weights
+from build_engines.spec import BuildSpec, SpecError
 
 _FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _LINEAR_NAMES = {n.rsplit(".", 1)[-1] for n in COLUMN_PARALLEL + ROW_PARALLEL}  # qkv, dense, fc, gate, proj

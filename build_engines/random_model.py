@@ -13,9 +13,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
-from .cache import atomic_dir
-from .model_dims import LlamaDims
-from .tokenizer import copy_tokenizer, endoftext_id
+from build_engines.cache import atomic_dir
+from build_engines.model_dims import LlamaDims
+from build_engines.tokenizer import copy_tokenizer, endoftext_id
 
 TINY_DIMS = LlamaDims(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 # With std 0.2 (HF's default is 0.02) the logits of an untrained model spread over

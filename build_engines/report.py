@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Iterator
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from .plan import MemoryPlan
-    from .spec import BuildSpec
-    from .verify import LayerCheck, ShardCheck
+    from build_engines.plan import MemoryPlan
+    from build_engines.spec import BuildSpec
+    from build_engines.verify import LayerCheck, ShardCheck
 
 # A 1-minute load average over this share of the CPUs means other work competed with the tokens/s runs.
 BUSY_LOAD_PER_CPU = 0.5

@@ -23,10 +23,17 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .cache import atomic_dir
-from .checkpoint_format import (CONFIG_FILE, LM_HEAD, LN_F, VOCAB_EMBEDDING, TrtllmCheckpointConfig, layer_prefix,
-                                rank_file)
-from .rank_layout import RankPosition, check_tp, kv_heads_per_rank, padded_vocab, pp_layers
+from backend.formats.checkpoint import (
+    CONFIG_FILE,
+    LM_HEAD,
+    LN_F,
+    VOCAB_EMBEDDING,
+    TrtllmCheckpointConfig,
+    layer_prefix,
+    rank_file,
+)
+from backend.formats.rank_layout import RankPosition, check_tp, kv_heads_per_rank, padded_vocab, pp_layers
+from build_engines.cache import atomic_dir
 
 # Linears of a decoder layer by how they split (TRT-LLM's ColumnLinear / RowLinear).
 COLUMN_PARALLEL = ("attention.qkv", "mlp.fc", "mlp.gate")

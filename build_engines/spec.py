@@ -18,18 +18,19 @@ model (tp dividing the heads, the model fitting the device) happen in the memory
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
 import yaml
 
-from backend.config import EngineConfig
-from .checkpoint_format import DTYPES
+from backend.engine.config import EngineConfig, engine_default
+from backend.formats.checkpoint import DTYPES
+from build_engines.quantize.methods import KvCacheMethod, QuantMethod
 
-# Spec name -> TensorRT-LLM quant_algo in the checkpoint's config.json.
-QUANT_METHODS = {"none": None, "fp8": "FP8", "int4_awq": "W4A16_AWQ", "int8_wo": "W8A16"}
-KV_CACHE_METHODS = {"none": None, "fp8": "FP8"}
+# What a build may ask for (int4_rtn, AWQ's baseline, is for measurements only).
+QUANT_METHODS = tuple(m.value for m in QuantMethod if m is not QuantMethod.INT4_RTN)
+KV_CACHE_METHODS = tuple(m.value for m in KvCacheMethod)
 TARGETS = ("torch", "tensorrt_llm")
 DEMO_SOURCE = "demo"
 
@@ -47,11 +48,11 @@ def _require(ok: bool, message: str) -> None:
 class Limits:
     """The engine's limits: the same fields as config.pbtxt and trtllm-build's flags."""
 
-    max_batch_size: int = 16
-    max_input_len: int = 1024
-    max_seq_len: int = 2048
-    max_num_tokens: int = 2048
-    tokens_per_block: int = 32
+    max_batch_size: int = engine_default("max_batch_size")
+    max_input_len: int = engine_default("max_input_len")
+    max_seq_len: int = engine_default("max_seq_len")
+    max_num_tokens: int = engine_default("max_num_tokens")
+    tokens_per_block: int = engine_default("tokens_per_block")
 
     def __post_init__(self) -> None:
         try:  # the runtime's own checks, so a spec the engine would refuse is refused here
@@ -142,7 +143,7 @@ class BuildSpec:
         _require(self.target in TARGETS, f"target {self.target!r} is not one of {list(TARGETS)}")
         _require(self.version is None or (isinstance(self.version, int) and self.version >= 1),
                  f"version must be a positive integer (or left out for the next free one), got {self.version!r}")
-        if self.quantization in ("fp8", "int4_awq", "int8_wo") or self.kv_cache == "fp8":
+        if QuantMethod(self.quantization) is not QuantMethod.NONE or KvCacheMethod(self.kv_cache) is KvCacheMethod.FP8:
             _require(self.dtype != "float32" or self.target == "torch",
                      f"quantization {self.quantization!r} / kv_cache {self.kv_cache!r} on target tensorrt_llm needs "
                      "dtype bfloat16 or float16 (TensorRT-LLM's quantized kernels take 16-bit activations): "
@@ -153,11 +154,11 @@ class BuildSpec:
 
     @property
     def quant_algo(self) -> str | None:
-        return QUANT_METHODS[self.quantization]
+        return QuantMethod(self.quantization).quant_algo
 
     @property
     def kv_cache_quant_algo(self) -> str | None:
-        return KV_CACHE_METHODS[self.kv_cache]
+        return KvCacheMethod(self.kv_cache).quant_algo
 
     @property
     def world_size(self) -> int:

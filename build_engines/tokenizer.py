@@ -16,8 +16,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .cache import build_once, default_cache_root, short_hash
-from .corpus import CorpusSpec, training_texts
+from build_engines.cache import build_once, default_cache_root, short_hash
+from build_engines.corpus import CorpusSpec, training_texts
 
 ENDOFTEXT = "<|endoftext|>"
 TOKENIZER_FORMAT_VERSION = 1

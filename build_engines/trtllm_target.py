@@ -4,7 +4,7 @@ The flags are trtllm-build's own (tensorrt_llm/commands/build.py and the plugin 
 limits from the spec; `auto` plugins take the checkpoint's dtype; a paged KV cache with paged context FMHA, so
 the executor can reuse KV blocks of shared prefixes (KvCacheConfig.enable_block_reuse) and chunk long prompts.
 The engine dir it writes holds config.json {version, pretrained_config, build_config} + rank{N}.engine; the
-tensorrt_llm Triton model drives such a dir through tensorrt_llm.bindings.executor (backend/trtllm_executor.py).
+tensorrt_llm Triton model drives such a dir through tensorrt_llm.bindings.executor (backend/engine/trtllm_executor.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .spec import BuildSpec
+from build_engines.spec import BuildSpec
 
 SUPPORTED_MAJOR_MINOR = "1.2"
 GPU_IMAGE_HINT = ("the Dockerfile's gpu image (docker build --target gpu .) has TensorRT-LLM and a GPU runtime; "

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.model import AttentionMetadata, DecoderLayer
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Request
+from backend.model.decoder import AttentionMetadata, DecoderLayer
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def float_layer(layer: DecoderLayer) -> DecoderLayer:
     """A float32 copy of a loaded decoder layer, each quantized linear replaced by a plain nn.Linear holding the
     weight it computes with (dequantized; AWQ's prequant scale folded in). ONNX has no CPU INT4 group-wise or
     FP8 GEMM here; the graph is the layer's float computation, where TensorRT inserts its own quantization."""
-    from backend.quantized_linear import LINEARS, Fp8Linear, QuantizedLinear
+    from backend.model.quantized_linear import LINEARS, Fp8Linear, QuantizedLinear
 
     layer = copy.deepcopy(layer)
     for name in LINEARS:
@@ -124,7 +124,7 @@ def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: floa
 
     G_LOGGER.module_severity = G_LOGGER.WARNING  # its per-run INFO lines would go to stdout, which carries results
 
-    from backend.checkpoint import load_model
+    from backend.model.loader import load_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(ckpt_dir, torch.device("cpu"))

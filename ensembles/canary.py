@@ -5,7 +5,7 @@ Two levers, each graceful:
 - which versions of tensorrt_llm are loaded: Triton's model-control API in explicit mode, loading the model with a
   config override whose version_policy lists the versions (Triton loads the new set in the background, swaps,
   and unloads a dropped version once its in-flight requests are done);
-- how requests are split: the router's routing table file (backend/canary_router.py), replaced atomically; the
+- how requests are split: the router's routing table file (backend/policy/canary_router.py), replaced atomically; the
   router re-reads it by mtime, so nothing is reloaded.
 The loaded set is also written into tensorrt_llm/config.pbtxt, so a restarted server loads what the table routes to.
 Promote / roll back: weight 100 to the survivor, wait `drain_s` (requests already routed to the other version
@@ -21,10 +21,10 @@ from pathlib import Path
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from backend.canary_router import RoutingTable
+from backend.formats.versions import LLM_MODEL, list_versions
+from backend.policy.canary_router import RoutingTable
 from ensembles.canary_render import persist_versions, routing_file
 from ensembles.server import ADMIN_HEADER
-from ensembles.versions import LLM_MODEL, list_versions
 
 
 class CanaryError(ValueError):

@@ -1,6 +1,6 @@
 """Compare the canary with the stable version from the metrics endpoint, and a verdict: promote, hold or rollback.
 
-Per version (the `served_version` label of the router's metrics, backend/router_metrics.py: while several versions
+Per version (the `served_version` label of the router's metrics, backend/serving/router_metrics.py: while several versions
 are loaded the tensorrt_llm model publishes none):
     error rate   tritonllm_router_requests_total{outcome="error"} / all its requests
     TTFT p50/p95 from the tritonllm_router_time_to_first_token_seconds histogram (linear within a bucket, as
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from backend.router_metrics import ITL, TTFT
-from backend.router_metrics import REQUESTS as ROUTED
+import tomllib
+
+from backend.serving.router_metrics import ITL, TTFT
+from backend.serving.router_metrics import REQUESTS as ROUTED
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')

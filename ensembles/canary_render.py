@@ -15,8 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
-from backend.canary_router import RoutingTable
-from ensembles.render import ENSEMBLE_MODELS, TEMPLATES, RepoSpec, env_module, default_python_paths, render
+from backend.policy.canary_router import RoutingTable
+from ensembles.render import ENSEMBLE_MODELS, TEMPLATES, RepoSpec, default_python_paths, env_module, render
 
 ROUTER = "router"
 ROUTING_FILE = "routing.json"
@@ -112,7 +112,7 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     ensemble.write_text(route_ensemble(ensemble.read_text()))
     _append(repo / "tensorrt_llm" / "config.pbtxt", version_policy_line([1]))
     # Several versions load at once here, and the 2.51 Python backend crashes the server when such a model uses the
-    # metric API: the engine publishes none, the router publishes per-version figures (backend/router_metrics.py).
+    # metric API: the engine publishes none, the router publishes per-version figures (backend/serving/router_metrics.py).
     _append(repo / "tensorrt_llm" / "config.pbtxt",
             'parameters { key: "publish_engine_metrics" value: { string_value: "false" } }')
     _append(repo / "postprocessing" / "config.pbtxt",

@@ -7,7 +7,8 @@ import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backend.tenants import load_limits
+from backend.engine.config import engine_default
+from backend.policy.tenants import load_limits
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
@@ -22,16 +23,16 @@ class RepoSpec:
     engine_dir: Path  # TensorRT-LLM checkpoint directory the tensorrt_llm model serves
     tokenizer_dir: Path  # HF tokenizer files (tokenizer.json, ...)
     triton_max_batch_size: int = 64  # rows in one Triton request
-    max_batch_size: int = 16  # sequences in the engine's running batch
-    max_input_len: int = 1024
-    max_seq_len: int = 2048
-    max_num_tokens: int = 2048
-    tokens_per_block: int = 32
+    max_batch_size: int = engine_default("max_batch_size")  # sequences in the engine's running batch
+    max_input_len: int = engine_default("max_input_len")
+    max_seq_len: int = engine_default("max_seq_len")
+    max_num_tokens: int = engine_default("max_num_tokens")
+    tokens_per_block: int = engine_default("tokens_per_block")
     max_tokens_in_paged_kv_cache: int | None = None
-    kv_cache_free_gpu_mem_fraction: float = 0.9
-    batch_scheduler_policy: str = "guaranteed_no_evict"
-    enable_kv_cache_reuse: bool = True  # prefix caching (tensorrtllm_backend's default is false)
-    enable_chunked_context: bool = True
+    kv_cache_free_gpu_mem_fraction: float = engine_default("kv_cache_free_mem_fraction")
+    batch_scheduler_policy: str = engine_default("policy").value
+    enable_kv_cache_reuse: bool = engine_default("enable_kv_cache_reuse")  # prefix caching (the anchor's: off)
+    enable_chunked_context: bool = engine_default("enable_chunked_context")
     exclude_input_in_output: bool = True
     cancellation_check_period_ms: int = 100
     preprocessing_instance_count: int = 1

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Request
 from ensembles import artifacts
 
 OUT = Path(__file__).resolve().parent / "out"

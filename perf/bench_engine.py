@@ -19,39 +19,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request
+from build_engines.throughput import bench_engine, prompts
 from ensembles import artifacts
 
 PERF = Path(__file__).resolve().parent
 OUT = PERF / "out"
 VLLM_VENV = PERF / ".venv-vllm"
-
-
-def prompts(tokenizer, n: int, length: int) -> list[list[int]]:
-    """n prompts of exactly `length` tokens, cut from held-out standard-library source."""
-    from build_engines.corpus import heldout_text
-
-    ids = tokenizer.encode(heldout_text(400_000), add_special_tokens=False)
-    stride = max(1, (len(ids) - length) // n)
-    return [ids[i * stride : i * stride + length] for i in range(n)]
-
-
-def bench_engine(engine_dir: Path, batch: list[list[int]], new_tokens: int) -> float:
-    engine = LLMEngine(engine_dir, EngineConfig(max_batch_size=max(16, len(batch)), max_input_len=1024,
-                                                max_seq_len=2048, device="cpu"))
-    try:  # a sharded engine's worker processes end with close()
-        reqs = [Request(str(i), tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
-        engine.generate(reqs[:1])  # warm-up
-        reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(batch)]
-        start = time.perf_counter()
-        out = engine.generate(reqs)
-        elapsed = time.perf_counter() - start
-    finally:
-        engine.close()
-    return sum(len(v) for v in out.values()) / elapsed
 
 
 def bench_hf(model, batch: list[list[int]], new_tokens: int, pad_id: int) -> float:

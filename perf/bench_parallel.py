@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import torch
+from bench_engine import OUT, prompts
 from transformers import AutoTokenizer
 
-from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request
-from bench_engine import OUT, prompts
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Request
 from build_engines.shard import shard_checkpoint
 from ensembles import artifacts
 

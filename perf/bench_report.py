@@ -28,14 +28,14 @@ sys.path.insert(0, str(PERF / "perf_analyzer"))
 
 import bench_engine  # noqa: E402
 import sweep  # noqa: E402
-from make_inputs import ensemble_entry, tensorrt_llm_entry  # noqa: E402
-from engine_load import LoadRun, closed_loop  # noqa: E402
-from report_writer import write_report  # noqa: E402
 import torch  # noqa: E402
+from engine_load import LoadRun, closed_loop  # noqa: E402
+from make_inputs import ensemble_entry, tensorrt_llm_entry  # noqa: E402
+from report_writer import write_report  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from backend.config import EngineConfig  # noqa: E402
-from backend.engine import LLMEngine  # noqa: E402
+from backend.engine.config import EngineConfig  # noqa: E402
+from backend.engine.llm_engine import LLMEngine  # noqa: E402
 from build_engines.quantize.apply import quantize_checkpoint  # noqa: E402
 from ensembles import artifacts  # noqa: E402
 from ensembles.render import RepoSpec, render  # noqa: E402

@@ -12,9 +12,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Request
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.checkpoint import load_model  # noqa: E402
+from backend.model.loader import load_model  # noqa: E402
 from build_engines.quantize.apply import calibrate, quantize_checkpoint  # noqa: E402
 from build_engines.quantize.evaluate import evaluation_tokens, score_tokens  # noqa: E402
 

@@ -138,16 +138,15 @@ def _vllm(value: float | None, tried: bool) -> str:
 
 
 def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
-    m, a, top = results["machine"], results["args"], max(loads)
+    m, top = results["machine"], max(loads)
     ratio = s[("ensemble", top)]["tok_s"] / s[("engine", top)]["tok_s"]
     load = results["loadavg"]
     busy = load["before"][0] > 0.5 * m["nproc"]  # later samples include this run's own server and client
-    pfx = results["prefix_cache_ttft_ms"]
-    tried = a["vllm"] == "True"
-    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | "
-                    f"{_vllm(r['vllm_cpu'], tried)} |\n"
-                    for r in results["peers"])
-    weights_rows = "\n".join(f"| {name} | {tok_s:.0f} |" for name, tok_s in results["dtypes"].items())
+    return _overhead_part(results, s, loads, plots, ratio, busy) + _comparison_part(results, plots)
+
+
+def _overhead_part(results: dict, s: dict, loads: list[int], plots: Path, ratio: float, busy: bool) -> str:
+    m, a, top, load = results["machine"], results["args"], max(loads), results["loadavg"]
     return f"""# tritonllm benchmark report
 
 One run of `make bench` (`{results['command']}`), {datetime.date.today()}, {results['elapsed_s']} s.
@@ -179,8 +178,17 @@ the cost of Triton + gRPC from that of tokenizing and detokenizing every streame
 ![throughput vs TTFT]({plots}/throughput_vs_ttft.png)
 
 ![TTFT distributions]({plots}/ttft_distribution.png)
+"""
 
-## Our engine vs HF transformers static batching vs vLLM-CPU
+
+def _comparison_part(results: dict, plots: Path) -> str:
+    a, pfx = results["args"], results["prefix_cache_ttft_ms"]
+    tried = a["vllm"] == "True"
+    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | "
+                    f"{_vllm(r['vllm_cpu'], tried)} |\n"
+                    for r in results["peers"])
+    weights_rows = "\n".join(f"| {name} | {tok_s:.0f} |" for name, tok_s in results["dtypes"].items())
+    return f"""## Our engine vs HF transformers static batching vs vLLM-CPU
 
 Output tokens/s, one static batch of N requests ({a['prompt_len']}-token prompts, {a['new_tokens']} new tokens),
 in-process each (perf/bench_engine.py's functions).

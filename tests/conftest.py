@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from backend.block_manager import BlockManager
-from backend.config import EngineConfig
-from backend.engine import LLMEngine, RequestOutput
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request, Sequence
+from backend.engine.block_manager import BlockManager
+from backend.engine.config import EngineConfig
+from backend.engine.interface import RequestOutput
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Request, Sequence
 from build_engines.convert import convert_hf_to_trtllm
 from build_engines.random_model import make_tiny_random
 from build_engines.tokenizer import build_tokenizer

@@ -2,6 +2,6 @@
 (round-to-nearest or AWQ), INT8 weight-only, and an FP8 KV cache; calibration on local text; held-out quality.
 
 Entry points live in build_engines.quantize.apply (quant_config, quantize_weights, calibrate,
-quantize_checkpoint) and build_engines.quantize.evaluate. This package file imports nothing, so the runtime
-(backend/quantized_linear.py) can use the numeric modules (fp8, int4) without the quantizer's dependencies.
+quantize_checkpoint) and build_engines.quantize.evaluate. The number formats themselves (FP8, INT4 packing, INT8)
+are on-disk contracts the runtime reads too: backend/formats/{fp8,int4,int8}.py.
 """

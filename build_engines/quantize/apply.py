@@ -22,19 +22,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from backend.formats.checkpoint import CONFIG_FILE, QuantConfig, TrtllmCheckpointConfig, layer_prefix, rank_file
+from backend.formats.fp8 import quantize_fp8, scale_for
+from backend.formats.int4 import check_group, quantize_int4
+from backend.formats.int8 import quantize_int8
 from build_engines.cache import atomic_dir
 from build_engines.convert import TORCH_DTYPES
-from build_engines.checkpoint_format import CONFIG_FILE, QuantConfig, TrtllmCheckpointConfig, layer_prefix, rank_file
+from build_engines.quantize.awq import search_scale
+from build_engines.quantize.calibration import ActivationStats, LinearInputStats, calibrate
+from build_engines.quantize.methods import KvCacheMethod, QuantMethod, parse_method
 
-from .awq import search_scale
-from .calibration import ActivationStats, LinearInputStats, calibrate
-from .fp8 import quantize_fp8, scale_for
-from .int4 import check_group, quantize_int4
-from .int8 import quantize_int8
-
-METHODS = ("none", "fp8", "int4_awq", "int4_rtn", "int8_wo")
-KV_CACHE_METHODS = ("none", "fp8")
-_ALGOS = {"none": None, "fp8": "FP8", "int4_awq": "W4A16_AWQ", "int4_rtn": "W4A16_AWQ", "int8_wo": "W8A16"}
+METHODS = tuple(m.value for m in QuantMethod)
+KV_CACHE_METHODS = tuple(m.value for m in KvCacheMethod)
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 # AWQ searches one scale per input: linears reading the same input share it (the runtime scales that input once).
 SHARED_INPUT = (("attention.qkv",), ("attention.dense",), ("mlp.fc", "mlp.gate"), ("mlp.proj",))
@@ -45,29 +44,27 @@ __all__ = ["METHODS", "KV_CACHE_METHODS", "ActivationStats", "calibrate", "quant
 
 
 def quant_config(method: str, kv_cache: str = "none", group_size: int = 128) -> QuantConfig:
-    """The config.json quantization block of a method (METHODS) and KV cache method (KV_CACHE_METHODS)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown quantization method {method!r}; choose one of {METHODS}")
-    if kv_cache not in KV_CACHE_METHODS:
-        raise ValueError(f"unknown KV cache quantization {kv_cache!r}; choose one of {KV_CACHE_METHODS}")
-    if method.startswith("int4") and (group_size < 2 or group_size % 2):
+    """The config.json quantization block of a method (QuantMethod) and KV cache method (KvCacheMethod)."""
+    method = parse_method(method, QuantMethod, "quantization method")
+    kv = parse_method(kv_cache, KvCacheMethod, "KV cache quantization")
+    if method.is_int4 and (group_size < 2 or group_size % 2):
         raise ValueError(f"INT4 group_size must be an even number >= 2, got {group_size}")
-    return QuantConfig(quant_algo=_ALGOS[method], kv_cache_quant_algo=_ALGOS[kv_cache],
-                       group_size=group_size if method.startswith("int4") else 128,
-                       has_zero_point=False, pre_quant_scale=method == "int4_awq",
-                       exclude_modules=("lm_head",) if method != "none" else None)
+    return QuantConfig(quant_algo=method.quant_algo, kv_cache_quant_algo=kv.quant_algo,
+                       group_size=group_size if method.is_int4 else 128,
+                       has_zero_point=False, pre_quant_scale=method is QuantMethod.INT4_AWQ,
+                       exclude_modules=("lm_head",) if method is not QuantMethod.NONE else None)
 
 
-def method_of(quant: QuantConfig) -> str:
-    """Inverse of quant_config for the weights: which METHODS entry a quantization block means."""
+def method_of(quant: QuantConfig) -> QuantMethod:
+    """Inverse of quant_config for the weights: which method a quantization block means."""
     if quant.quant_algo == "W4A16_AWQ":
-        return "int4_awq" if quant.pre_quant_scale else "int4_rtn"
-    return {v: k for k, v in _ALGOS.items() if k != "int4_rtn"}[quant.quant_algo]
+        return QuantMethod.INT4_AWQ if quant.pre_quant_scale else QuantMethod.INT4_RTN
+    return next(m for m in QuantMethod if m.quant_algo == quant.quant_algo and m is not QuantMethod.INT4_RTN)
 
 
 def needs_calibration(quant: QuantConfig) -> bool:
     """FP8 (activation scales), AWQ (scale search) and an FP8 KV cache need activation statistics."""
-    return method_of(quant) in ("fp8", "int4_awq") or quant.kv_cache_quant_algo == "FP8"
+    return method_of(quant).needs_calibration or quant.kv_cache_quant_algo == "FP8"
 
 
 def quantize_weights(weights: dict[str, torch.Tensor], num_layers: int, quant: QuantConfig,
@@ -81,7 +78,7 @@ def quantize_weights(weights: dict[str, torch.Tensor], num_layers: int, quant: Q
     out = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
     method = method_of(quant)
     for i in tqdm(range(num_layers), desc=f"quantizing ({method})", unit="layer", disable=not progress):
-        if method != "none":
+        if method is not QuantMethod.NONE:
             for group in SHARED_INPUT:
                 names = [layer_prefix(i) + n for n in group if not quant.excludes(layer_prefix(i) + n)]
                 if names:
@@ -91,18 +88,18 @@ def quantize_weights(weights: dict[str, torch.Tensor], num_layers: int, quant: Q
     return out
 
 
-def _quantize_group(weights: dict[str, torch.Tensor], names: list[str], method: str, quant: QuantConfig,
+def _quantize_group(weights: dict[str, torch.Tensor], names: list[str], method: QuantMethod, quant: QuantConfig,
                     stats: ActivationStats | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The tensors of linears that read one input (names without ".weight")."""
     for name in names:
         if f"{name}.weight" not in weights:
             raise ValueError(f"the checkpoint lacks {name}.weight")
     out: dict[str, torch.Tensor] = {}
-    if method == "int8_wo":
+    if method is QuantMethod.INT8_WO:
         for name in names:
             q, scale = quantize_int8(weights[f"{name}.weight"])
             out.update({f"{name}.weight": q, f"{name}.per_channel_scale": scale.to(dtype)})
-    elif method == "fp8":
+    elif method is QuantMethod.FP8:
         act_scale = scale_for(_input_stats(stats, names[0]).amax)
         for name in names:
             q, scale = quantize_fp8(weights[f"{name}.weight"])
@@ -111,7 +108,7 @@ def _quantize_group(weights: dict[str, torch.Tensor], names: list[str], method: 
     else:
         for name in names:
             check_group(weights[f"{name}.weight"].shape[1], quant.group_size, f"{name}.weight")
-        scales = _awq_scales(weights, names, quant.group_size, stats) if method == "int4_awq" else None
+        scales = _awq_scales(weights, names, quant.group_size, stats) if method is QuantMethod.INT4_AWQ else None
         for name in names:
             w = weights[f"{name}.weight"].float()
             q = quantize_int4(w if scales is None else w * scales, quant.group_size)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .int4 import fake_quantize
+from backend.formats.int4 import fake_quantize
 
 GRID = 20  # alpha = 0, 0.05, ..., 1 (the original implementation's grid)
 

@@ -1,4 +1,4 @@
-"""Calibration: run local text through the float model (the engine's own, backend/scoring.py) and record what the
+"""Calibration: run local text through the float model (the engine's own, backend/model/scoring.py) and record what the
 quantizers need: per linear input, the mean |x| of each channel (AWQ's salience), the largest |x| (FP8's
 activation scale) and a subsample of input rows (AWQ's output-error search); per layer, the largest |K| and |V|
 the KV cache stores (K after RoPE), for the FP8 KV cache scale.
@@ -16,11 +16,11 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from backend.checkpoint import load_model
-from backend.model import LlamaForCausalLM
-from backend.model_config import load_model_config
-from backend.scoring import window_logits
-from build_engines.checkpoint_format import layer_prefix
+from backend.formats.checkpoint import layer_prefix
+from backend.model.config import load_model_config
+from backend.model.decoder import LlamaForCausalLM
+from backend.model.loader import load_model
+from backend.model.scoring import window_logits
 from build_engines.corpus import heldout_part_text
 
 CALIBRATION_PART = 0  # of build_engines.corpus.heldout_part_text's two parts; evaluation uses the other

@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from backend.checkpoint import load_model
-from backend.model import LlamaForCausalLM
-from backend.scoring import window_logits
-from build_engines.checkpoint_format import layer_prefix
-
-from .calibration import INPUTS, collect_stats, text_tokens
+from backend.formats.checkpoint import layer_prefix
+from backend.model.decoder import LlamaForCausalLM
+from backend.model.loader import load_model
+from backend.model.scoring import window_logits
+from build_engines.quantize.calibration import INPUTS, collect_stats, text_tokens
 
 EVALUATION_PART = 1  # of build_engines.corpus.heldout_part_text's two parts
 DEFAULT_EVAL_TOKENS = 16384

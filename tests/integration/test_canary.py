@@ -18,13 +18,13 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from backend.formats.versions import install_version
+from backend.serving.router_metrics import INFLIGHT
 from ensembles.canary import CanaryController, ControlOptions
 from ensembles.canary_cli import main as canary_main
 from ensembles.canary_render import render_canary
 from ensembles.render import RepoSpec
 from ensembles.server import ServerOptions, TritonServer
-from ensembles.versions import install_version
-from backend.router_metrics import INFLIGHT
 from tests.integration import metrics
 from tests.integration.conftest import _free_ports
 from tests.integration.trtllm_direct import stream_infer, tensor

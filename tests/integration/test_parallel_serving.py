@@ -29,7 +29,7 @@ def _worker_pids(ckpt_dir: Path) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"backend.parallel.worker" in cmd and str(ckpt_dir).encode() in cmd:
+        if b"backend.model.parallel.worker" in cmd and str(ckpt_dir).encode() in cmd:
             pids.append(int(proc.name))
     return pids
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import metrics
-from tests.test_grafana_dashboard import TRITON_METRICS, dashboard_metrics
+from tests.unit.perf.test_grafana_dashboard import TRITON_METRICS, dashboard_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PERF_ANALYZER = ROOT / "perf" / "tools" / "perf_analyzer"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.checkpoint import load_model
-from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.sequence import Request
+from backend.engine.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Request
+from backend.model.loader import load_model
 from build_engines.quantize.apply import calibrate, quantize_checkpoint
 from build_engines.quantize.evaluate import evaluation_tokens, layer_output_errors, score_tokens
 from ensembles.render import RepoSpec, render

@@ -133,7 +133,10 @@ def test_heavy_tenant_cannot_starve_a_light_one(tserver):
     with ThreadPoolExecutor(16) as pool:
         heavy = [pool.submit(generate, tserver.grpc_url, f"def heavy_{i}(x):\n", 300, tenant="heavy", stream=True)
                  for i in range(12)]
-        time.sleep(2.0)  # the heavy tenant's admitted requests are generating
+        # The heavy tenant's admitted requests (its cap: 4) are generating.
+        running = metrics.wait_until(tserver.opts.metrics_port, "nv_trt_llm_request_metrics", lambda v: v >= 4,
+                                     request_type="active")
+        assert running is not None and running >= 4, running
         light = [generate(tserver.grpc_url, f"def light_{i}(", 8, tenant="light", stream=True) for i in range(5)]
         heavy = [f.result() for f in heavy]
     assert all(o.ok for o in light), [o.error for o in light]
@@ -159,7 +162,10 @@ def test_queued_premium_request_is_scheduled_before_queued_batch_ones(tserver):
         assert active == 8, active
         batch = [pool.submit(generate, tserver.grpc_url, f"def batch_{i}(", 4, tenant="heavy",
                              outputs=first_scheduled, **perf) for i in range(2)]
-        time.sleep(0.3)
+        # Both batch-tier requests are queued (the running batch is full) before the premium one is sent.
+        waiting = metrics.wait_until(tserver.opts.metrics_port, "nv_trt_llm_request_metrics", lambda v: v >= 2,
+                                     request_type="waiting")
+        assert waiting is not None and waiting >= 2, waiting
         premium = generate(tserver.grpc_url, "def premium(", 4, tenant="light", outputs=first_scheduled, **perf)
         batch = [f.result() for f in batch]
         assert all(f.result().ok for f in fillers)

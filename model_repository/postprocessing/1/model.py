@@ -1,13 +1,13 @@
-"""Triton adapter for the detokenizer step; the logic lives in backend.postprocess."""
+"""Triton adapter for the detokenizer step; the logic lives in backend.serving.postprocess."""
 import collections
 import json
 
 import numpy as np
-
-import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
+import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
-from backend.postprocess import Postprocessor
+from backend.serving.parameters import ModelParameters, PostprocessingConfig
+from backend.serving.postprocess import Postprocessor
 
 # Optional inputs passed through unchanged as OUT_<name>, so that every ensemble output of one streamed step
 # arrives in one response.
@@ -26,11 +26,11 @@ def _input(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.post = Postprocessor(config["parameters"]["tokenizer_dir"]["string_value"])
+        config = PostprocessingConfig.from_parameters(ModelParameters.from_model_config(json.loads(args["model_config"])))
+        self.post = Postprocessor(config.tokenizer_dir)
         self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
         # Where `stop` goes: the LLM model, or the canary router in front of its versions (ensembles/canary_render.py).
-        self.stop_model = config["parameters"].get("stop_model", {}).get("string_value", "tensorrt_llm")
+        self.stop_model = config.stop_model
 
     def execute(self, requests):
         for request in requests:

@@ -1,19 +1,13 @@
-"""Triton adapter for the tokenizer step; the logic lives in backend.preprocess."""
+"""Triton adapter for the tokenizer step; the logic lives in backend.serving.preprocess."""
+import json
+
 import numpy as np
-import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
+import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
-from backend.preprocess import Preprocessor
-from backend.sampling_params import InvalidRequestError
-
-
-def _param(args_config: dict, key: str, default: str = "") -> str:
-    return args_config.get("parameters", {}).get(key, {}).get("string_value", default)
-
-
-def _int_param(args_config: dict, key: str) -> int | None:
-    value = _param(args_config, key).strip()
-    return None if not value or value.startswith("${") else int(value)
+from backend.errors import InvalidRequestError
+from backend.serving.parameters import ModelParameters, PreprocessingConfig
+from backend.serving.preprocess import Preprocessor
 
 
 def _input(request, name):
@@ -23,13 +17,10 @@ def _input(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
-        import json
-
-        config = json.loads(args["model_config"])
-        self.pre = Preprocessor(
-            _param(config, "tokenizer_dir"), add_special_tokens=_param(config, "add_special_tokens") == "true",
-            max_prompt_bytes=_int_param(config, "max_prompt_bytes"),
-        )
+        params = ModelParameters.from_model_config(json.loads(args["model_config"]))
+        config = PreprocessingConfig.from_parameters(params)
+        self.pre = Preprocessor(config.tokenizer_dir, add_special_tokens=config.add_special_tokens,
+                                max_prompt_bytes=config.max_prompt_bytes)
 
     def execute(self, requests):
         responses = []

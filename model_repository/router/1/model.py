@@ -1,4 +1,4 @@
-"""Triton adapter for the canary router: picks a version of the LLM model per request (backend.canary_router) and
+"""Triton adapter for the canary router: picks a version of the LLM model per request (backend.policy.canary_router) and
 streams that version's responses back unchanged, plus `served_version` (the version that served it).
 
 Decoupled BLS: each request is forwarded from its own thread, so a long stream never blocks the others.
@@ -10,13 +10,21 @@ import threading
 import time
 
 import numpy as np
-
-import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
+import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
-from backend.canary_router import (RoutingError, RoutingFile, Router, RoutingTable, expected_finals, pinned_version,
-                                   routing_key)
-from backend.router_metrics import RouterMetrics, StreamTiming
+from backend.policy.canary_router import (
+    Router,
+    RoutingError,
+    RoutingFile,
+    RoutingTable,
+    expected_finals,
+    pinned_version,
+    routing_key,
+)
+from backend.serving.parameters import ModelParameters, RouterConfig
+from backend.serving.router_forwarding import Forwarding, KeyTracker, Outcome
+from backend.serving.router_metrics import RouterMetrics, StreamTiming
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _ROUTER_INPUTS = ("session_id", "pin_version")  # ours; every other input goes to the LLM as it came
@@ -30,21 +38,21 @@ def _error(message, code=None):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.llm = params["llm_model"]
+        router = RouterConfig.from_parameters(ModelParameters.from_model_config(config))
+        self.llm = router.llm_model
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "served_version"]
-        self.routing = RoutingFile(params["routing_file"], Router(RoutingTable({1: 100}, stable=1)))
+        self.routing = RoutingFile(router.routing_file, Router(RoutingTable({1: 100}, stable=1)))
         self.routing.refresh()
         if self.routing.last_error:
             raise pb_utils.TritonModelException(f"router: {self.routing.last_error}")
-        self.served_by_key = {}  # request_key -> version, while its stream runs (for `stop`)
+        self.keys = KeyTracker()  # request_key -> the version serving it (for `stop`)
         self.lock = threading.Lock()
         # One BLS submission or response send at a time: from several threads at once the Python backend of
         # Triton 2.51 crashes (segfault in libtriton_python.so with 4 concurrent streams; fine with this lock).
         self.ipc = threading.Lock()
         self.threads = set()
-        self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/router_metrics.py)
+        self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/serving/router_metrics.py)
 
     def execute(self, requests):
         for request in requests:
@@ -97,67 +105,54 @@ class TritonPythonModel:
         timing = StreamTiming(start=time.monotonic())
         with self.ipc:
             self.metrics.started(version)
-        outcome = None  # not counted when retried on another version
+        outcome = Outcome.GONE  # not counted when retried on another version
         try:
-            outcome = self._stream(inputs, version, finals, sender, retry_allowed, timing)
-            return outcome is not None
+            outcome = self._stream(inputs, version, Forwarding(finals, retry_allowed), sender, timing)
+            return outcome is not Outcome.GONE
         except Exception:
-            outcome = "error"
+            outcome = Outcome.ERROR
             raise
         finally:
             with self.ipc:
-                self.metrics.finished(version, outcome, timing if timed and outcome == "ok" else None)
+                self.metrics.finished(version, outcome, timing if timed and outcome is Outcome.OK else None)
 
-    def _stream(self, inputs, version, finals, sender, retry_allowed, timing):
-        """The forwarding itself: "ok" or "error" (sent to the client), None when the version went away first."""
+    def _stream(self, inputs, version, fwd, sender, timing):
+        """The forwarding itself (backend/serving/router_forwarding.py decides what each response becomes)."""
         llm_request = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
                                                 requested_output_names=self.llm_outputs)
         served = np.full((1, 1), version, dtype=np.int32)
-        sent = done = 0
         try:
             with self.ipc:
                 responses = llm_request.exec(decoupled=True)
             for response in responses:
-                if done >= finals:
-                    continue  # the empty final response after the last one forwarded
+                if fwd.complete:
+                    continue  # the version's own empty final after the last one forwarded
                 if response.has_error():
-                    if sent == 0 and retry_allowed and self._gone(version):
-                        return None
-                    self._send(sender, response)
-                    return "error"
+                    outcome = fwd.on_error(lambda: self._gone(version))
+                    if outcome is Outcome.ERROR:
+                        self._send(sender, response)
+                    return outcome
                 # Copies: the BLS response's memory goes with it, the forwarded response must outlive it.
                 arrays = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
-                if not arrays:
+                final = fwd.on_tensors(arrays)
+                if final is None:
                     continue
                 if "sequence_length" in arrays:
                     timing.on_tokens(int(arrays["sequence_length"].reshape(-1)[0]), time.monotonic())
-                done += self._track(arrays, version)
+                self.keys.note(arrays, version)
                 tensors = [pb_utils.Tensor(name, value) for name, value in arrays.items()]
                 self._send(sender, pb_utils.InferenceResponse(tensors + [pb_utils.Tensor("served_version", served)]),
-                           _FINAL if done >= finals else 0)
-                sent += 1
+                           _FINAL if final else 0)
         except pb_utils.TritonModelException:
-            if sent == 0 and retry_allowed and self._gone(version):
-                return None
+            if fwd.on_error(lambda: self._gone(version)) is Outcome.GONE:
+                return Outcome.GONE
             raise
-        if done < finals:
+        if fwd.needs_final():
             self._send(sender, None)
-        return "ok"
-
-    def _track(self, by_name, version):
-        """Remember which version serves each request_key until its final response; 1 when this one is final."""
-        final = bool(by_name["stream_final"].reshape(-1)[0]) if "stream_final" in by_name else False
-        key = int(by_name["request_key"].reshape(-1)[0]) if "request_key" in by_name else None
-        with self.lock:
-            if key is not None and final:
-                self.served_by_key.pop(key, None)
-            elif key is not None:
-                self.served_by_key[key] = version
-        return int(final)
+        return Outcome.OK
 
     def _stop(self, key, inputs, sender):
-        with self.lock:
-            known = None if key is None else self.served_by_key.get(int(key.reshape(-1)[0]))
+        known = self.keys.version_of(key)
         versions = [known] if known is not None else self.routing.refresh().table.versions
         for version in versions:
             stop = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,

@@ -4,26 +4,27 @@ Decoupled: each request gets its responses through its response sender, from the
 returns at once. The engine, its scheduler and the tensor contract live in backend/ (unit-tested without Triton).
 """
 import json
-import threading
 import secrets
+import threading
 from pathlib import Path
 
-import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 import triton_python_backend_utils as pb_utils
+import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
-from backend.admission import AdmissionController, Lease, RowCost
-from backend.engine import LLMEngine, RequestOutput
-from backend.engine_loop import EngineLoop
-from backend.sampling_params import InvalidRequestError
-from backend.sequence import FinishReason, Request
-from backend.serving_config import ServingConfig
-from backend.triton_io import RowStream, parse_request
-from backend.trtllm_executor import TrtllmExecutorEngine, is_engine_dir
-from backend.request_context import TenancyConfig, request_context
-from backend.tenant_metrics import TenantMetrics
-from backend.tenants import load_limits
-from backend.triton_metrics import NoMetrics, TritonMetrics
-from ensembles.versions import artifact_for
+from backend.engine.interface import RequestOutput
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sequence import FinishReason, Request
+from backend.engine.trtllm_executor import TrtllmExecutorEngine, is_engine_dir
+from backend.errors import InvalidRequestError
+from backend.formats.versions import artifact_for
+from backend.policy.admission import AdmissionController, Lease, RowCost
+from backend.policy.request_context import request_context
+from backend.policy.tenants import load_limits
+from backend.serving.engine_loop import EngineLoop
+from backend.serving.parameters import ModelParameters, ServingConfig
+from backend.serving.tenant_metrics import TenantMetrics
+from backend.serving.triton_io import RowStream, parse_request
+from backend.serving.triton_metrics import NoMetrics, TritonMetrics
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -93,9 +94,8 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.input_names = [i["name"] for i in config["input"]]
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.serving = ServingConfig.from_parameters(params)
-        # A version folder with an artifact.json serves its own build (ensembles/versions.py).
+        self.serving = ServingConfig.from_parameters(ModelParameters.from_model_config(config))
+        # A version folder with an artifact.json serves its own build (backend/formats/versions.py).
         artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
         # A trtllm-build engine dir (rank*.engine) runs on TensorRT-LLM's executor; a checkpoint on our engine.
@@ -103,7 +103,7 @@ class TritonPythonModel:
         self.engine = engine_cls(engine_dir, self.serving.engine)
         name, version = args["model_name"], args["model_version"]
         self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
-        self.tenancy = TenancyConfig.from_parameters(params)
+        self.tenancy = self.serving.tenancy
         self.admission = AdmissionController(load_limits(self.tenancy.limits_file))
         self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
                                else NoMetrics())

@@ -1,0 +1,157 @@
+"""Paged KV cache bookkeeping: a fixed pool of blocks, a block table per sequence, prefix reuse.
+
+Physical block b holds the K/V of `block_size` consecutive token positions; sequence position p lives in
+block_table[p // block_size] at offset p % block_size, i.e. cache slot block_table[p // block_size] * block_size + p % block_size.
+
+With prefix caching, a block is shared by reference count: full blocks are indexed by content (PrefixCache) and
+stay cached after their last user frees them, until the pool needs them back. Free blocks are handed out least
+recently freed first; a sequence frees its blocks tail first, so its tail is evicted before its head (another
+request is likelier to share a prefix's head than its tail).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from backend.engine.prefix_cache import PrefixCache, block_key
+from backend.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be > 0")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.cache = PrefixCache() if enable_prefix_caching else None
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self._refs = [0] * num_blocks
+        # Blocks promised to admitted sequences but not yet handed out (guaranteed_no_evict reservations).
+        self._reserved: dict[str, int] = {}
+        # Over admitted requests: full prompt blocks looked up in the prefix cache, and found.
+        self.prefix_lookups = 0
+        self.prefix_hits = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence uses (cached ones included: they are reclaimed on demand)."""
+        return len(self._free)
+
+    @property
+    def num_unreserved_free_blocks(self) -> int:
+        return len(self._free) - sum(self._reserved.values())
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cache) if self.cache is not None else 0
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_reserve(self, seq: Sequence) -> bool:
+        return self.blocks_for(seq.max_total_tokens) - len(seq.block_table) <= self.num_unreserved_free_blocks
+
+    def reserve(self, seq: Sequence) -> None:
+        """Promise the blocks a sequence can ever need, so it never waits for KV (guaranteed_no_evict)."""
+        needed = self.blocks_for(seq.max_total_tokens) - len(seq.block_table)
+        if needed > self.num_unreserved_free_blocks:
+            raise RuntimeError(f"cannot reserve {needed} KV blocks, {self.num_unreserved_free_blocks} unreserved")
+        self._reserved[seq.request_id] = needed
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether positions [0, num_tokens) can get slots now (reserved blocks count for their owner)."""
+        missing = self.blocks_for(num_tokens) - len(seq.block_table)
+        return missing <= self._reserved.get(seq.request_id, 0) + self.num_unreserved_free_blocks
+
+    def ensure_slots(self, seq: Sequence, num_tokens: int) -> None:
+        """Grow the block table so positions [0, num_tokens) have cache slots."""
+        missing = self.blocks_for(num_tokens) - len(seq.block_table)
+        for _ in range(missing):
+            reserved = self._reserved.get(seq.request_id, 0)
+            if reserved == 0 and self.num_unreserved_free_blocks <= 0:
+                raise RuntimeError(f"KV cache exhausted for {seq.request_id!r}")
+            if reserved:
+                self._reserved[seq.request_id] = reserved - 1
+            seq.block_table.append(self._claim(next(iter(self._free)), reuse=False))
+            seq.new_blocks += 1
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Take the cached blocks that hold the start of seq's tokens; returns how many tokens they cover.
+
+        At least the last token is left to compute: its logits give the next token.
+        """
+        if self.cache is None or seq.block_table:
+            return 0
+        tokens, size = seq.token_ids, self.block_size
+        parent = None
+        for i in range((len(tokens) - 1) // size):
+            chunk = tuple(tokens[i * size : (i + 1) * size])
+            key = block_key(parent, chunk, seq.request.cache_salt)
+            block = self.cache.lookup(key, parent, chunk, seq.request.cache_salt)
+            if block is None:
+                break
+            seq.block_table.append(self._claim(block, reuse=True))
+            seq.block_keys.append(key)
+            parent = key
+        seq.reused_blocks = len(seq.block_table)
+        seq.num_computed_tokens = seq.reused_blocks * size
+        return seq.num_computed_tokens
+
+    def note_admitted(self, seq: Sequence) -> None:
+        """Count an admitted request's prefix lookups (a request waiting for KV is looked up again every step)."""
+        if self.cache is not None:
+            self.prefix_lookups += (seq.num_tokens - 1) // self.block_size
+            self.prefix_hits += seq.reused_blocks
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_lookups if self.prefix_lookups else 0.0
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Index the blocks whose K/V are now complete, so later requests can reuse them."""
+        if self.cache is None:
+            return
+        size = self.block_size
+        for i in range(len(seq.block_keys), seq.num_computed_tokens // size):
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            chunk = tuple(seq.token_ids[i * size : (i + 1) * size])
+            key = block_key(parent, chunk, seq.request.cache_salt)
+            self.cache.register(key, seq.block_table[i], parent, chunk, seq.request.cache_salt)
+            seq.block_keys.append(key)
+
+    def free(self, seq: Sequence) -> None:
+        """Return a sequence's blocks and reservation to the pool (cached blocks stay reusable until reclaimed)."""
+        self._reserved.pop(seq.request_id, None)
+        for block in reversed(seq.block_table):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free[block] = None
+                if self.cache is None or block not in self.cache:
+                    self._free.move_to_end(block, last=False)  # uncached blocks are handed out first
+        seq.block_table = []
+        seq.block_keys = []
+
+    def slots(self, seqs: list[Sequence], lengths: torch.Tensor) -> torch.Tensor:
+        """Cache slot of every position p < lengths[b] of seqs[b]: (B, max length), 0 past a sequence's length."""
+        B, L, size = len(seqs), int(lengths.max()), self.block_size
+        width = max(len(seq.block_table) for seq in seqs)
+        tables = torch.zeros(B, width, dtype=torch.long)  # (B, blocks) padded block tables
+        for b, seq in enumerate(seqs):
+            tables[b, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
+        positions = torch.arange(L)
+        slots = tables.gather(1, (positions // size).expand(B, L).clamp(max=width - 1)) * size + positions % size
+        return torch.where(positions[None, :] < lengths[:, None], slots, 0)
+
+    def _claim(self, block: int, reuse: bool) -> int:
+        """Take a reference on a block: a cache hit (reuse its K/V) or a fresh one (evict what it cached)."""
+        if self._refs[block] == 0:
+            del self._free[block]
+            if self.cache is not None and not reuse:
+                self.cache.evict(block)
+        self._refs[block] += 1
+        return block

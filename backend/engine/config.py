@@ -1,0 +1,78 @@
+"""Engine configuration: the limits an engine instance is built for (the anchor's config.pbtxt parameters)."""
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from enum import Enum
+from typing import Any
+
+
+class SchedulerPolicy(str, Enum):
+    # Admit a request only when the KV blocks for its whole prompt + max_tokens are free: it can always finish.
+    GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+    # Admit when the next chunk fits; under KV pressure the newest sequence is preempted (recomputed later).
+    MAX_UTILIZATION = "max_utilization"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch_size: int = 16  # sequences in the running batch
+    max_num_tokens: int = 2048  # tokens processed per engine step: decode tokens + prefill chunks
+    max_input_len: int = 1024  # longest prompt accepted
+    max_seq_len: int = 2048  # prompt + generated tokens
+    tokens_per_block: int = 32  # KV cache block size, in tokens
+    # KV cache capacity in tokens; None: enough for max_batch_size full-length sequences.
+    max_tokens_in_paged_kv_cache: int | None = None
+    # Share of the memory free after loading the weights that the KV cache may take (on CPU: of available RAM).
+    kv_cache_free_mem_fraction: float = 0.9
+    policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
+    enable_chunked_context: bool = True
+    enable_kv_cache_reuse: bool = True  # prefix caching: reuse the KV blocks of a shared prompt prefix
+    device: str = "auto"  # "cpu", "cuda", "cuda:N", or "auto": CUDA when torch sees a GPU
+    num_threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_input_len >= self.max_seq_len:
+            raise ValueError(
+                f"max_input_len ({self.max_input_len}) must be < max_seq_len ({self.max_seq_len}) to leave room to generate"
+            )
+        if not self.enable_chunked_context and self.max_num_tokens < self.max_input_len:
+            raise ValueError(
+                f"max_num_tokens ({self.max_num_tokens}) must be >= max_input_len ({self.max_input_len}) "
+                "when chunked context is disabled: a prompt is prefilled in one step"
+            )
+        if self.max_num_tokens < self.max_batch_size:
+            raise ValueError(f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
+        if not 0.0 < self.kv_cache_free_mem_fraction <= 1.0:
+            raise ValueError(f"kv_cache_free_mem_fraction must be in (0, 1], got {self.kv_cache_free_mem_fraction}")
+        if self.kv_cache_tokens < self.max_seq_len:
+            raise ValueError(
+                f"max_tokens_in_paged_kv_cache ({self.kv_cache_tokens}) must hold at least one full sequence "
+                f"(max_seq_len {self.max_seq_len})"
+            )
+        object.__setattr__(self, "policy", SchedulerPolicy(self.policy))
+        if self.device == "auto":
+            import torch
+
+            object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        if self.max_tokens_in_paged_kv_cache is not None:
+            return self.max_tokens_in_paged_kv_cache
+        return self.max_batch_size * self.max_seq_len
+
+    @property
+    def max_output_len(self) -> int:
+        return self.max_seq_len - 1
+
+
+def engine_default(name: str) -> Any:
+    """The default of EngineConfig field `name`: the one place engine limits get their defaults (the model
+    repository renderer, the build spec and the config.pbtxt reader all take them from here)."""
+    for f in fields(EngineConfig):
+        if f.name == name and f.default is not MISSING:
+            return f.default
+    raise KeyError(f"EngineConfig has no field {name!r} with a default")

@@ -1,0 +1,214 @@
+"""Our engine: step() = schedule -> run the model -> sample -> post-process -> emit, one line each."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.config import EngineConfig
+from backend.engine.interface import PerfMetrics, RequestOutput
+from backend.engine.memory_plan import free_memory_bytes, plan_kv_cache
+from backend.engine.sampler import SampleResult, sample
+from backend.engine.scheduler import Scheduler
+from backend.engine.scheduler_output import SchedulerOutput
+from backend.engine.sequence import FinishReason, Request, SeqStatus, Sequence
+from backend.engine.stats import EngineStats, StepSummary
+from backend.errors import InvalidRequestError
+from backend.model.config import load_model_config
+from backend.model.loader import load_model
+from backend.model.parallel.driver import ParallelModelRunner
+from backend.model.runner import ModelRunner
+from backend.model.step_inputs import StepInputs
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, ckpt_dir: Path, config: EngineConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model_config = cfg = load_model_config(ckpt_dir)
+        if config.max_seq_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings "
+                f"({cfg.max_position_embeddings})"
+            )
+        # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
+        model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device)
+        self.kv_plan = plan_kv_cache(cfg, config, free_memory_bytes(self.device))
+        log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
+                 cfg.num_key_value_heads, cfg.head_size, cfg.dtype)
+        self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse)
+        num_blocks, block_size = self.blocks.num_blocks, self.blocks.block_size
+        self.runner = (ModelRunner(model, num_blocks, block_size, self.device) if model is not None
+                       else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
+                                                config.num_threads or 1))
+        self.scheduler = Scheduler(config, self.blocks)
+        self.sequences: dict[str, Sequence] = {}
+        self.iterations = 0
+        self.last_step = StepSummary()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def close(self) -> None:
+        """Release what outlives the object (a parallel engine's worker processes)."""
+        self.runner.close()
+
+    def validate(self, request: Request) -> None:
+        """Refuse at admission what could never run (raises InvalidRequestError naming the limit)."""
+        n, cfg = len(request.prompt_ids), self.config
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: at least one input token is needed")
+        if n > cfg.max_input_len:
+            raise InvalidRequestError(f"the prompt has {n} tokens, more than max_input_len ({cfg.max_input_len})")
+        if request.sampling.max_tokens > cfg.max_output_len:
+            raise InvalidRequestError(
+                f"max_tokens ({request.sampling.max_tokens}) exceeds max_output_len ({cfg.max_output_len})"
+            )
+        # The KV plan holds at least one max_seq_len sequence: within max_seq_len, a request can always run.
+        if n + request.sampling.max_tokens > cfg.max_seq_len:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds max_seq_len ({cfg.max_seq_len})"
+            )
+        self._check_vocab("input token ids", request.prompt_ids)
+        # The sampler indexes logits with these: an id outside the vocabulary would fail the whole batch's step.
+        sampling = request.sampling
+        self._check_vocab("end_id", [] if sampling.end_id is None else [sampling.end_id])
+        self._check_vocab("stop word ids", [t for w in sampling.stop_words for t in w])
+        self._check_vocab("bad word ids", [t for w in sampling.bad_words for t in w])
+        if request.request_id in self.sequences:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in flight")
+
+    def _check_vocab(self, what: str, ids: Iterable[int]) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+
+    def add_request(self, request: Request) -> None:
+        self.validate(request)
+        if not request.arrival_time_ns:
+            request = dataclasses.replace(request, arrival_time_ns=time.time_ns())
+        seq = Sequence.from_request(request)
+        self.sequences[request.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
+        return self._output(seq, *seq.take_emittable())
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            self.last_step = StepSummary()
+            return []
+        logits = self.runner.run(self._step_inputs(batch))
+        sampled = sample(logits, batch.sampling)
+        self._postprocess(batch)
+        return self._emit(batch.sampling, sampled)
+
+    def _step_inputs(self, batch: SchedulerOutput) -> StepInputs:
+        """The model's view of the batch (token ids, positions, KV slots); stamps the step's bookkeeping."""
+        self.iterations += 1
+        self.last_step = StepSummary(len(batch), len(batch.context), batch.num_context_tokens)
+        now = time.time_ns()
+        for item in batch:
+            item.seq.first_scheduled_time_ns = item.seq.first_scheduled_time_ns or now
+        end = torch.tensor([item.end for item in batch])
+        return StepInputs(
+            tokens=torch.tensor([t for item in batch for t in item.seq.token_ids[item.start : item.end]]),
+            start=torch.tensor([item.start for item in batch]),
+            end=end,
+            sampled=torch.tensor([int(item.samples) for item in batch]),
+            context_slots=self.blocks.slots([item.seq for item in batch], end),
+        )
+
+    def _postprocess(self, batch: SchedulerOutput) -> None:
+        """The step's tokens are in the KV cache now: advance each sequence and index its full blocks for reuse."""
+        for item in batch:
+            item.seq.num_computed_tokens = item.end
+            self.blocks.register_full_blocks(item.seq)
+
+    def _emit(self, seqs: list[Sequence], sampled: list[SampleResult]) -> list[RequestOutput]:
+        """Append each sampled token, finish what ended, and hand out what may be shown."""
+        outputs = []
+        now = time.time_ns()
+        for seq, result in zip(seqs, sampled):
+            seq.first_token_time_ns = seq.first_token_time_ns or now
+            seq.last_token_time_ns = now
+            seq.append(result.token, result.log_prob)
+            new, lps = seq.take_emittable()
+            if seq.status is SeqStatus.FINISHED:
+                self.scheduler.finish(seq)
+                del self.sequences[seq.request_id]
+            outputs.append(self._output(seq, new, lps))
+        return outputs
+
+    def _output(self, seq: Sequence, new: list[int], lps: list[float]) -> RequestOutput:
+        cum = sum(seq.output_log_probs) if seq.request.sampling.return_log_probs else None
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new,
+            new_log_probs=lps,
+            finished=seq.status is SeqStatus.FINISHED,
+            finish_reason=seq.finish_reason,
+            num_input_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            cum_log_prob=cum,
+            perf=PerfMetrics(
+                kv_cache_alloc_new_blocks=seq.new_blocks,
+                kv_cache_reused_blocks=seq.reused_blocks,
+                kv_cache_alloc_total_blocks=seq.new_blocks + seq.reused_blocks,
+                arrival_time_ns=seq.request.arrival_time_ns,
+                first_scheduled_time_ns=seq.first_scheduled_time_ns,
+                first_token_time_ns=seq.first_token_time_ns,
+                last_token_time_ns=seq.last_token_time_ns,
+            ),
+        )
+
+    def stats(self) -> EngineStats:
+        blocks, last = self.blocks, self.last_step
+        return EngineStats(
+            active_requests=self.scheduler.num_running,
+            max_requests=self.config.max_batch_size,
+            scheduled_requests=last.scheduled,
+            context_requests=last.context,
+            waiting_requests=self.scheduler.num_waiting,
+            max_blocks=blocks.num_blocks,
+            free_blocks=blocks.num_free_blocks,
+            used_blocks=blocks.num_used_blocks,
+            tokens_per_block=blocks.block_size,
+            reused_blocks=blocks.prefix_hits,
+            cached_blocks=blocks.num_cached_blocks,
+            total_context_tokens=last.context_tokens,
+            generation_requests=last.scheduled - last.context,
+            paused_requests=self.scheduler.num_preempted,
+            iteration_counter=self.iterations,
+            timestamp_us=time.time_ns() // 1000,
+            prefix_cache_hit_rate=blocks.prefix_hit_rate,
+        )
+
+    def generate(self, requests: list[Request]) -> dict[str, list[int]]:
+        """Run requests to completion in-process (tests, benchmarks): request id -> output token ids."""
+        for r in requests:
+            self.add_request(r)
+        out: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        while self.has_work():
+            for o in self.step():
+                out[o.request_id].extend(o.new_token_ids)
+        return out

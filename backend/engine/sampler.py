@@ -1,0 +1,83 @@
+"""Next-token choice from logits: penalties, masks, temperature, top-k, top-p, per-request seeded RNG."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token: int
+    log_prob: float | None  # log-probability of the token under the unmodified model distribution
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+    """logits (S, vocab) float32, row i for seqs[i]."""
+    log_probs = torch.log_softmax(logits, dim=-1) if any(s.request.sampling.return_log_probs for s in seqs) else None
+    argmax = logits.argmax(dim=-1).tolist()  # one call for the common case: greedy, nothing masked
+    results = []
+    for i, seq in enumerate(seqs):
+        sampling = seq.request.sampling
+        if sampling.greedy and not _has_controls(seq):
+            token = argmax[i]
+        else:
+            row = _apply_controls(logits[i].clone(), seq)
+            token = int(torch.argmax(row)) if sampling.greedy else _draw(row, seq)
+        lp = float(log_probs[i, token]) if log_probs is not None and sampling.return_log_probs else None
+        results.append(SampleResult(token, lp))
+    return results
+
+
+def _has_controls(seq: Sequence) -> bool:
+    sampling = seq.request.sampling
+    min_tokens_active = sampling.end_id is not None and seq.num_output_tokens < sampling.min_tokens
+    return sampling.uses_penalties or min_tokens_active or bool(sampling.bad_words)
+
+
+def _apply_controls(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    sampling = seq.request.sampling
+    if sampling.uses_penalties:
+        row = _penalise(row, seq)
+    if sampling.end_id is not None and seq.num_output_tokens < sampling.min_tokens:
+        row[sampling.end_id] = float("-inf")
+    for word in sampling.bad_words:
+        prefix = word[:-1]
+        if not prefix or tuple(seq.token_ids[-len(prefix) :]) == prefix:
+            row[word[-1]] = float("-inf")
+    return row
+
+
+def _penalise(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    sampling = seq.request.sampling
+    vocab = row.shape[0]
+    if sampling.repetition_penalty != 1.0:
+        # As HF/TRT-LLM: divide positive logits, multiply negative ones, for every token of prompt and output.
+        seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+        seen[torch.tensor(seq.token_ids, dtype=torch.long, device=row.device)] = True
+        penalised = torch.where(row > 0, row / sampling.repetition_penalty, row * sampling.repetition_penalty)
+        row = torch.where(seen, penalised, row)
+    if seq.num_output_tokens and (sampling.presence_penalty or sampling.frequency_penalty):
+        # As vLLM/OpenAI: presence and frequency count generated tokens only.
+        out = torch.tensor(seq.output_ids, dtype=torch.long, device=row.device)
+        counts = torch.bincount(out, minlength=vocab).to(row.dtype)
+        row = row - sampling.presence_penalty * (counts > 0).to(row.dtype) - sampling.frequency_penalty * counts
+    return row
+
+
+def _draw(row: torch.Tensor, seq: Sequence) -> int:
+    sampling = seq.request.sampling
+    row = row / sampling.temperature
+    if sampling.top_k > 0 and sampling.top_k < row.shape[0]:
+        kth = torch.topk(row, sampling.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= sampling.top_p
+        sorted_probs[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs.cpu(), 1, generator=seq.generator))

@@ -1,0 +1,53 @@
+"""Per-request decoding options (the anchor's sampling contract), validated at the boundary."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend.errors import InvalidRequestError
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k limit
+    top_p: float | None = None  # None: no nucleus limit
+    seed: int | None = None  # None: a fresh random stream per request
+    end_id: int | None = None  # generation stops after emitting it; None: never
+    min_tokens: int = 0  # end_id is masked until this many tokens were generated
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Token sequences that end generation when the output ends with one of them.
+    stop_words: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+    # Token sequences that are never generated: their last token is masked when the rest is the current suffix.
+    bad_words: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+    return_log_probs: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens > 0, f"max_tokens must be > 0, got {self.max_tokens}")
+        _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _check(self.top_p is None or 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check(self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        for name in ("stop_words", "bad_words"):
+            words = getattr(self, name)
+            _check(all(len(w) > 0 for w in words), f"{name} contains an empty word")
+
+    @property
+    def greedy(self) -> bool:
+        """Greedy unless a sampling option asks otherwise (the anchor's default is greedy: top_k = top_p = 0)."""
+        if self.temperature == 0.0 or self.top_k == 1:
+            return True
+        return self.top_k == 0 and self.top_p is None
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

@@ -1,0 +1,129 @@
+"""In-flight batching: which sequences run this step and how many tokens each processes.
+
+Every step: running sequences decode one token each; the rest of the token budget (max_num_tokens) goes to
+prefill, FCFS: sequences still in prefill continue their prompt (chunked), then waiting requests are admitted
+while the batch has room and their KV fits. Finished sequences leave at once, so new requests join without
+waiting for the batch to drain.
+
+KV policies (the anchor's batch_scheduler_policy):
+- guaranteed_no_evict: admit only when the blocks for prompt + max_tokens can be reserved; nothing is preempted.
+- max_utilization: admit when the next chunk fits; when a running sequence needs a block and none is free, the
+  most recently admitted sequence is preempted (its blocks freed, its tokens recomputed later, none lost).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.config import EngineConfig, SchedulerPolicy
+from backend.engine.scheduler_output import ScheduledSeq, SchedulerOutput
+from backend.engine.sequence import SeqStatus, Sequence
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preempted = 0
+
+    @property
+    def guaranteed(self) -> bool:
+        return self.config.policy is SchedulerPolicy.GUARANTEED_NO_EVICT
+
+    def add(self, seq: Sequence) -> None:
+        """Queue by priority (higher first), FCFS within a priority level."""
+        priority = seq.request.priority
+        position = next((i for i, w in enumerate(self.waiting) if w.request.priority < priority), len(self.waiting))
+        self.waiting.insert(position, seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_tokens
+        batch: list[ScheduledSeq] = []
+        preempted_before = self.num_preempted
+        # Decode first (one token each), then continue prefills, in admission order.
+        for seq in sorted(self.running, key=lambda s: s.in_prefill):
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = 1 if not seq.in_prefill else self._chunk(seq, budget)
+            if n == 0 or not self._make_room(seq, n):
+                continue
+            batch.append(self._take(seq, n))
+            budget -= n
+        preempted = self.num_preempted != preempted_before
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+            n = self._admit(self.waiting[0], budget)
+            if n == 0:
+                break  # FCFS: a request at the head that does not fit is not overtaken (no starvation)
+            seq = self.waiting.popleft()
+            self.blocks.note_admitted(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.append(self._take(seq, n))
+            budget -= n
+        # A sequence preempted after it was scheduled this step sits out the step (KV pressure: no admissions).
+        return SchedulerOutput([item for item in batch if item.seq.status is SeqStatus.RUNNING])
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Tokens of seq to process now if it can be admitted (its cached prefix taken), else 0."""
+        self.blocks.match_prefix(seq)
+        n = self._chunk(seq, budget)
+        fits = self.blocks.can_reserve(seq) if self.guaranteed else self.blocks.can_grow(seq, seq.num_computed_tokens + n)
+        if n == 0 or not fits:
+            self._release(seq)
+            return 0
+        if self.guaranteed:
+            self.blocks.reserve(seq)
+        return n
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        if remaining <= budget:
+            return remaining
+        return budget if self.config.enable_chunked_context else 0
+
+    def _make_room(self, seq: Sequence, n: int) -> bool:
+        """max_utilization: preempt the newest sequences until seq's next n tokens have slots (seq itself, if it is
+        the newest: older requests keep going first)."""
+        while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+            newest = self.running[-1]
+            self._preempt(newest)
+            if newest is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's KV; it waits at the head and recomputes its tokens (generated ones kept)."""
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preempted += 1
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+
+    def _take(self, seq: Sequence, n: int) -> ScheduledSeq:
+        self.blocks.ensure_slots(seq, seq.num_computed_tokens + n)
+        return ScheduledSeq.of(seq, n)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or cancelled sequence and free its KV blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)

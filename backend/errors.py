@@ -1,0 +1,6 @@
+"""Errors every layer shares (a leaf module: it imports nothing of ours)."""
+from __future__ import annotations
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses: the message says which field is wrong and why (Triton INVALID_ARG)."""

@@ -1,0 +1,39 @@
+"""Runs one step of the model: StepInputs in, next-token logits out (the engine's batch never gets here)."""
+from __future__ import annotations
+
+import torch
+
+from backend.model.config import torch_dtype
+from backend.model.decoder import AttentionMetadata, LlamaForCausalLM
+from backend.model.quantized_kv import kv_pools
+from backend.model.step_inputs import StepInputs, step_tensors
+
+
+class KVCache:
+    """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each (FP8 pools for an FP8 KV
+    cache, backend/model/quantized_kv.py)."""
+
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+        cfg = model.config
+        shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
+        self.layers = kv_pools(model.transformer.layers, shape, torch_dtype(cfg), device)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.kv = KVCache(model, num_blocks, block_size, device)
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
+        input_ids, meta, logits_index = self._prepare(inputs)
+        return self.model(input_ids, meta, self.kv.layers, logits_index)
+
+    def close(self) -> None:
+        """Nothing outlives an in-process runner (backend/model/parallel/driver.py's has worker processes)."""
+
+    def _prepare(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        model = self.model
+        return step_tensors(inputs, model.rope_cos, model.rope_sin, torch_dtype(model.config), self.device)

@@ -1,0 +1,30 @@
+"""Next-token logits at every position of whole token windows, with the engine's own model (float or quantized,
+FP8 KV cache included): what calibration and held-out evaluation run. One forward per call, each window its own
+sequence in a fresh KV pool; no scheduler, no sampling."""
+from __future__ import annotations
+
+import torch
+
+from backend.model.config import torch_dtype
+from backend.model.decoder import LlamaForCausalLM
+from backend.model.quantized_kv import kv_pools
+from backend.model.step_inputs import StepInputs, step_tensors
+
+
+@torch.inference_mode()
+def window_logits(model: LlamaForCausalLM, windows: torch.Tensor) -> torch.Tensor:
+    """windows (B, n) int64 token ids -> (B, n, vocab) float32: position j's logits predict token j + 1."""
+    if windows.dim() != 2 or windows.shape[1] == 0:
+        raise ValueError(f"windows must be (batch, tokens) with tokens >= 1, got shape {tuple(windows.shape)}")
+    cfg = model.config
+    B, n = windows.shape
+    if n > cfg.max_position_embeddings:
+        raise ValueError(f"windows of {n} tokens exceed max_position_embeddings ({cfg.max_position_embeddings})")
+    device, dtype = model.rope_cos.device, torch_dtype(cfg)
+    inputs = StepInputs(tokens=windows.reshape(-1).long(), start=torch.zeros(B, dtype=torch.long),
+                        end=torch.full((B,), n), sampled=torch.ones(B, dtype=torch.long),
+                        context_slots=torch.arange(B * n).view(B, n))
+    input_ids, meta, _ = step_tensors(inputs, model.rope_cos, model.rope_sin, dtype, device)
+    kv = kv_pools(model.transformer.layers, (B * n, cfg.num_key_value_heads, cfg.head_size), dtype, device)
+    logits = model(input_ids, meta, kv, torch.arange(B * n, device=device))  # (B * n, vocab)
+    return logits.view(B, n, -1)

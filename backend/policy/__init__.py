@@ -1,0 +1,1 @@
+"""Tenants, rate limits, admission and canary routing decisions: plain Python, no torch, no Triton."""

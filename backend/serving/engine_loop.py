@@ -1,0 +1,165 @@
+"""The engine's own thread: requests come in through a queue, outputs go out through each request's sink.
+
+The Triton model (or any caller) never touches the engine directly: submit(), cancel() and shutdown() only
+enqueue commands, so the engine is driven by exactly one thread and needs no locks.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from backend.engine.interface import RequestOutput
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sequence import Request
+from backend.engine.stats import EngineStats
+from backend.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+
+class OutputSink(Protocol):
+    """Where one request's results go (the Triton response sender, a test's queue...)."""
+
+    def emit(self, output: RequestOutput) -> None: ...
+
+    def fail(self, error: Exception) -> None: ...
+
+    def cancelled(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _Submit:
+    request: Request
+    sink: OutputSink
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    request_id: str
+
+
+_STOP = object()
+_WAKE = object()  # no command: only makes an idle loop go round once (and publish its stats)
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, cancel_check_period_s: float = 0.1,
+                 on_stats: Callable[[EngineStats], None] | None = None, stats_period_s: float = 0.2) -> None:
+        self.engine = engine
+        self.cancel_check_period_s = cancel_check_period_s
+        self.on_stats = on_stats
+        self.stats_period_s = stats_period_s
+        self._last_stats = 0.0
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, OutputSink] = {}
+        self._last_cancel_check = 0.0
+        self._thread = threading.Thread(target=self._run, name="tritonllm-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request, sink: OutputSink) -> None:
+        self._inbox.put(_Submit(request, sink))
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(_Cancel(request_id))
+
+    def wake(self) -> None:
+        """Publish stats soon, also when idle: for counts made outside this thread (e.g. refused admissions)."""
+        self._inbox.put(_WAKE)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._inbox.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            idle = not self.engine.has_work()
+            self._publish_stats(force=idle)
+            # Block only when idle; while generating, drain what arrived and keep stepping.
+            if not self._drain(block=idle):
+                break
+            self._check_cancelled()
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug or an OOM must not hang clients: fail everyone in flight
+                log.exception("engine step failed")
+                self._fail_all(RuntimeError(f"engine step failed: {exc}"))
+                continue
+            for out in outputs:
+                self._deliver(out)
+        self._fail_all(RuntimeError("the engine is shutting down"))
+
+    def _publish_stats(self, force: bool) -> None:
+        """Hand a stats snapshot to on_stats every stats_period_s, and whenever the engine goes idle."""
+        now = time.monotonic()
+        if self.on_stats is None or (not force and now - self._last_stats < self.stats_period_s):
+            return
+        self._last_stats = now
+        try:
+            self.on_stats(self.engine.stats())
+        except Exception:  # metrics must never stop generation
+            log.exception("publishing engine stats failed")
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands; False once shutdown was asked for."""
+        try:
+            cmd = self._inbox.get() if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if cmd is _STOP:
+                return False
+            self._apply(cmd)
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, cmd: _Submit | _Cancel | object) -> None:
+        if cmd is _WAKE:
+            return
+        if isinstance(cmd, _Cancel):
+            self._abort(cmd.request_id)
+            return
+        try:
+            self.engine.add_request(cmd.request)
+        except InvalidRequestError as exc:
+            cmd.sink.fail(exc)
+            return
+        self._sinks[cmd.request.request_id] = cmd.sink
+
+    def _abort(self, request_id: str) -> None:
+        out = self.engine.abort(request_id)
+        if out is not None:
+            self._deliver(out)
+
+    def _check_cancelled(self) -> None:
+        now = time.monotonic()
+        if now - self._last_cancel_check < self.cancel_check_period_s:
+            return
+        self._last_cancel_check = now
+        for request_id, sink in list(self._sinks.items()):
+            if sink.cancelled():
+                self._abort(request_id)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        sink = self._sinks.get(out.request_id)
+        if out.finished:
+            self._sinks.pop(out.request_id, None)
+        if sink is None:
+            return
+        try:
+            sink.emit(out)
+        except Exception:  # a client that went away must not stop the others
+            log.exception("delivering output of %s failed; cancelling it", out.request_id)
+            if not out.finished:
+                self._abort(out.request_id)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id, sink in list(self._sinks.items()):
+            self.engine.abort(request_id)
+            sink.fail(error)
+        self._sinks.clear()

@@ -1,0 +1,56 @@
+"""ensembles/canary_render.py: the router's config derives from tensorrt_llm's; the ensemble's LLM step goes to it."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from backend.policy.canary_router import RoutingTable
+from ensembles.canary_render import render_canary, route_ensemble, routing_file
+from ensembles.render import TEMPLATES, RepoSpec
+
+
+def _names(config: str, section: str) -> list[str]:
+    block = re.search(rf"^{section} \[\n(.*?)^\]", config, re.MULTILINE | re.DOTALL).group(1)
+    return re.findall(r'name: "(\w+)"', block)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    engine, tokenizer = tmp_path / "engine", tmp_path / "tok"
+    engine.mkdir()
+    tokenizer.mkdir()
+    (engine / "config.json").write_text("{}")
+    (tokenizer / "tokenizer.json").write_text("{}")
+    return render_canary(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer), tmp_path / "repo")
+
+
+def test_router_has_llm_inputs_and_outputs_plus_its_own(repo):
+    llm = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    router = (repo / "router" / "config.pbtxt").read_text()
+    assert _names(router, "input") == ["session_id", "pin_version"] + _names(llm, "input")
+    assert _names(router, "output") == ["served_version"] + _names(llm, "output")
+    assert "reshape" not in router and "decoupled: true" in router
+    assert f'string_value: "{routing_file(repo).resolve()}"' in router
+    assert (repo / "router" / "1" / "model.py").is_file() and (repo / "router" / "tritonllm_env.py").is_file()
+
+
+def test_ensemble_routes_through_router_and_reports_version(repo):
+    ensemble = (repo / "ensemble" / "config.pbtxt").read_text()
+    assert 'model_name: "tensorrt_llm"' not in ensemble and 'model_name: "router"' in ensemble
+    assert _names(ensemble, "input")[:2] == ["session_id", "pin_version"]
+    assert _names(ensemble, "output")[0] == "served_version"
+    assert 'output_map { key: "OUT_SERVED_VERSION" value: "served_version" }' in ensemble
+
+
+def test_llm_serves_version_1_and_postprocessing_stops_through_router(repo):
+    assert "version_policy: { specific: { versions: [ 1 ] } }" in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    postprocessing = (repo / "postprocessing" / "config.pbtxt").read_text()
+    assert 'key: "stop_model" value: { string_value: "router" }' in postprocessing
+    assert RoutingTable.from_json(routing_file(repo).read_text()) == RoutingTable({1: 100}, stable=1)
+
+
+def test_changed_ensemble_template_is_a_clear_error():
+    text = (TEMPLATES / "ensemble" / "config.pbtxt").read_text()
+    with pytest.raises(ValueError, match="ensemble template changed"):
+        route_ensemble(text.replace('model_name: "tensorrt_llm"', 'model_name: "llm"'))

@@ -1,0 +1,165 @@
+"""EngineLoop: the engine's own thread, fed through submit/cancel/shutdown, results out through sinks."""
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+
+from backend.engine.interface import RequestOutput
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import FinishReason, Request
+from backend.errors import InvalidRequestError
+from backend.serving.engine_loop import EngineLoop
+
+TIMEOUT_S = 30.0
+
+
+class QueueSink:
+    """An OutputSink that puts everything it receives on a queue; the hooks let a test act at a given output."""
+
+    def __init__(self, on_emit=None) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.on_emit = on_emit
+        self.cancel_flag = False
+
+    def emit(self, output: RequestOutput) -> None:
+        self.events.put(output)
+        if self.on_emit is not None:
+            self.on_emit(self, output)
+
+    def fail(self, error: Exception) -> None:
+        self.events.put(error)
+
+    def cancelled(self) -> bool:
+        return self.cancel_flag
+
+    def collect(self) -> tuple[list[int], RequestOutput | Exception]:
+        """Block until the request ends: (all its tokens, its last output or the error it failed with)."""
+        tokens: list[int] = []
+        while True:
+            event = self.events.get(timeout=TIMEOUT_S)
+            if isinstance(event, Exception):
+                return tokens, event
+            tokens.extend(event.new_token_ids)
+            if event.finished:
+                return tokens, event
+
+
+@pytest.fixture
+def engine(make_engine):
+    return make_engine(max_batch_size=4, max_num_tokens=16, tokens_per_block=4)
+
+
+@pytest.fixture
+def loop(engine):
+    loop = EngineLoop(engine, cancel_check_period_s=0.0)
+    yield loop
+    loop.shutdown()
+
+
+@pytest.fixture
+def reference(make_engine):
+    """request -> its output tokens from LLMEngine.generate on a fresh engine (same checkpoint and limits)."""
+
+    def generate(requests: list[Request]) -> dict[str, list[int]]:
+        return make_engine(max_batch_size=4, max_num_tokens=16, tokens_per_block=4).generate(requests)
+
+    return generate
+
+
+def make_requests(prompts, vocab_size: int, n: int) -> list[Request]:
+    ps = prompts([3 + 5 * i for i in range(n)], vocab_size, seed=11)
+    return [Request(f"r{i}", p, SamplingParams(max_tokens=4 + i % 5, temperature=0.8, top_k=30, seed=i))
+            for i, p in enumerate(ps)]
+
+
+def test_many_requests_all_finish_with_the_engines_tokens(loop, engine, prompts, reference, kv_idle):
+    requests = make_requests(prompts, engine.vocab_size, 10)
+    sinks = {r.request_id: QueueSink() for r in requests}
+    for r in requests:
+        loop.submit(r, sinks[r.request_id])
+    results = {rid: sink.collect() for rid, sink in sinks.items()}
+    expected = reference(requests)
+    for r in requests:
+        tokens, last = results[r.request_id]
+        assert tokens == expected[r.request_id]
+        assert last.finish_reason is FinishReason.LENGTH and last.num_output_tokens == r.sampling.max_tokens
+    loop.shutdown()
+    kv_idle(engine.blocks)
+
+
+def test_cancel_mid_generation_frees_its_blocks_while_the_others_complete(loop, engine, prompts, reference, kv_idle):
+    requests = make_requests(prompts, engine.vocab_size, 3)
+    long = Request("long", prompts([20], engine.vocab_size, seed=12)[0], SamplingParams(max_tokens=100))
+
+    def cancel_at_first_token(sink: QueueSink, out: RequestOutput) -> None:
+        if out.num_output_tokens == 1:
+            loop.cancel("long")  # the engine thread is inside emit: applied before its next step
+
+    sinks = {r.request_id: QueueSink() for r in requests} | {"long": QueueSink(cancel_at_first_token)}
+    loop.submit(long, sinks["long"])
+    for r in requests:
+        loop.submit(r, sinks[r.request_id])
+    tokens, last = sinks["long"].collect()
+    assert last.finish_reason is FinishReason.CANCELLED and last.finished
+    assert len(tokens) == 1 and last.num_output_tokens == 1
+    expected = reference(requests)
+    assert {r.request_id: sinks[r.request_id].collect()[0] for r in requests} == expected
+    loop.shutdown()
+    kv_idle(engine.blocks)
+
+
+def test_a_sink_that_reports_cancelled_is_aborted(loop, engine, prompts, kv_idle):
+    def client_goes_away(sink: QueueSink, out: RequestOutput) -> None:
+        sink.cancel_flag = out.num_output_tokens >= 2
+
+    sink = QueueSink(client_goes_away)
+    loop.submit(Request("gone", prompts([5], engine.vocab_size)[0], SamplingParams(max_tokens=100)), sink)
+    tokens, last = sink.collect()
+    assert last.finish_reason is FinishReason.CANCELLED and len(tokens) == 2
+    loop.shutdown()
+    kv_idle(engine.blocks)
+
+
+def test_invalid_request_fails_its_sink_only(loop, engine, prompts):
+    bad, good = QueueSink(), QueueSink()
+    loop.submit(Request("bad", (1, engine.vocab_size), SamplingParams(max_tokens=4)), bad)
+    loop.submit(Request("good", prompts([4], engine.vocab_size)[0], SamplingParams(max_tokens=4)), good)
+    tokens, error = bad.collect()
+    assert tokens == [] and isinstance(error, InvalidRequestError) and "outside the vocabulary" in str(error)
+    tokens, last = good.collect()
+    assert len(tokens) == 4 and last.finish_reason is FinishReason.LENGTH
+
+
+def test_shutdown_fails_requests_in_flight_and_joins(engine, prompts):
+    loop = EngineLoop(engine)
+    started, release = threading.Event(), threading.Event()
+
+    def hold_the_engine_thread(sink: QueueSink, out: RequestOutput) -> None:
+        started.set()
+        release.wait(TIMEOUT_S)
+
+    sink = QueueSink(hold_the_engine_thread)
+    loop.submit(Request("busy", prompts([5], engine.vocab_size)[0], SamplingParams(max_tokens=100)), sink)
+    assert started.wait(TIMEOUT_S)
+    threading.Timer(0.2, release.set).start()  # after shutdown() has queued its sentinel
+    loop.shutdown(timeout=TIMEOUT_S)
+    assert not any(t.name == "tritonllm-engine" and t.is_alive() for t in threading.enumerate())
+    tokens, error = sink.collect()
+    assert len(tokens) == 1 and isinstance(error, RuntimeError) and "shutting down" in str(error)
+    assert not engine.has_work()
+
+
+def test_wake_publishes_stats_of_an_idle_engine(engine):
+    """Counts made outside the engine thread (refused admissions) reach the metrics without any request: wake()
+    makes the idle loop publish once more, from its own thread."""
+    published: queue.Queue = queue.Queue()
+    loop = EngineLoop(engine, on_stats=lambda stats: published.put(threading.current_thread().name))
+    try:
+        assert published.get(timeout=TIMEOUT_S) == "tritonllm-engine"  # idle at start: published once, then waits
+        assert published.empty()
+        loop.wake()
+        assert published.get(timeout=TIMEOUT_S) == "tritonllm-engine"
+    finally:
+        loop.shutdown()

@@ -1,0 +1,110 @@
+"""The config.pbtxt reader (backend/serving/parameters.py): ServingConfig from tensorrt_llm's parameters (string
+values, possibly unrendered), one boolean rule, and the other models' configs."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from backend.engine.config import EngineConfig, SchedulerPolicy
+from backend.serving.parameters import (
+    ModelParameters,
+    PostprocessingConfig,
+    PreprocessingConfig,
+    RouterConfig,
+    ServingConfig,
+)
+
+CONFIG_PBTXT = Path(__file__).resolve().parents[3] / "model_repository" / "tensorrt_llm" / "config.pbtxt"
+
+
+def template_parameters() -> dict[str, str]:
+    """The parameters of the model repository's config.pbtxt as written: every value a ${...} placeholder."""
+    pairs = re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}', CONFIG_PBTXT.read_text())
+    assert len(pairs) > 10, f"no parameters found in {CONFIG_PBTXT}"
+    return dict(pairs)
+
+
+def test_unrendered_placeholders_mean_defaults():
+    params = {k: (v if k != "gpt_model_path" else "/models/tiny") for k, v in template_parameters().items()}
+    assert params["enable_chunked_context"] == "${enable_chunked_context}"  # the template is what is tested
+    cfg = ServingConfig.from_parameters(ModelParameters(params))
+    assert cfg.engine == EngineConfig()
+    assert cfg.engine_dir == Path("/models/tiny")
+    assert cfg.exclude_input_in_output is True and cfg.engine.enable_chunked_context is True
+    assert cfg.cancellation_check_period_s == 0.1
+
+
+def test_explicit_values_are_parsed():
+    cfg = ServingConfig.from_parameters(ModelParameters({
+        "gpt_model_path": "/ckpt", "max_batch_size": "8", "max_num_tokens": "512", "max_input_len": "256",
+        "max_seq_len": "512", "tokens_per_block": "16", "max_tokens_in_paged_kv_cache": "4096",
+        "batch_scheduler_policy": "max_utilization", "enable_chunked_context": "False", "engine_device": "cpu",
+        "engine_threads": "2", "exclude_input_in_output": "no", "cancellation_check_period_ms": "250",
+    }))
+    assert cfg.engine == EngineConfig(max_batch_size=8, max_num_tokens=512, max_input_len=256, max_seq_len=512,
+                                      tokens_per_block=16, max_tokens_in_paged_kv_cache=4096,
+                                      policy=SchedulerPolicy.MAX_UTILIZATION, enable_chunked_context=False,
+                                      device="cpu", num_threads=2)
+    assert cfg.exclude_input_in_output is False and cfg.cancellation_check_period_s == 0.25
+
+
+@pytest.mark.parametrize("name", ["enable_chunked_context", "exclude_input_in_output"])
+@pytest.mark.parametrize("value", ["maybe", "2", "on!"])
+def test_bad_booleans_are_refused(name, value):
+    with pytest.raises(ValueError, match=f"parameter {name} must be true or false, got '{re.escape(value)}'"):
+        ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", name: value}))
+
+
+@pytest.mark.parametrize("path", [None, "", "${engine_dir}"])
+def test_the_model_path_is_required(path):
+    params = {} if path is None else {"gpt_model_path": path}
+    with pytest.raises(ValueError, match="parameter gpt_model_path .* is required"):
+        ServingConfig.from_parameters(ModelParameters(params))
+
+
+def test_limits_are_validated_by_the_engine_config():
+    with pytest.raises(ValueError, match=r"max_input_len \(600\) must be < max_seq_len \(512\)"):
+        ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "max_input_len": "600",
+                                                       "max_seq_len": "512"}))
+
+
+def test_tenancy_parameters(tmp_path):
+    cfg = ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "limits_file": str(tmp_path / "l.toml"),
+                                                         "tenant_header": "${x}"}))
+    assert cfg.tenancy.limits_file == tmp_path / "l.toml" and cfg.tenancy.tenant_header == "x-tenant-id"
+    cfg = ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "limits_file": "",
+                                                         "tenant_header": "x-org"}))
+    assert cfg.tenancy.limits_file is None and cfg.tenancy.tenant_header == "x-org"
+
+
+def test_one_boolean_rule_for_every_model():
+    for value, expected in (("true", True), ("FALSE", False), ("1", True), ("no", False), ("${x}", False)):
+        params = ModelParameters({"tokenizer_dir": "/tok", "add_special_tokens": value})
+        assert PreprocessingConfig.from_parameters(params).add_special_tokens is expected
+    with pytest.raises(ValueError, match="parameter add_special_tokens must be true or false"):
+        PreprocessingConfig.from_parameters(ModelParameters({"tokenizer_dir": "/tok", "add_special_tokens": "y"}))
+
+
+def test_from_model_config_and_the_other_models():
+    config = {"parameters": {"tokenizer_dir": {"string_value": "/tok"}, "max_prompt_bytes": {"string_value": "64"},
+                             "stop_model": {"string_value": "router"}}}
+    params = ModelParameters.from_model_config(config)
+    assert PreprocessingConfig.from_parameters(params).max_prompt_bytes == 64
+    assert PostprocessingConfig.from_parameters(params).stop_model == "router"
+    assert PostprocessingConfig.from_parameters(ModelParameters({"tokenizer_dir": "/t"})).stop_model == "tensorrt_llm"
+    with pytest.raises(ValueError, match="parameter routing_file .* is required"):
+        RouterConfig.from_parameters(ModelParameters({"llm_model": "tensorrt_llm"}))
+    with pytest.raises(ValueError, match="parameter max_prompt_bytes must be an integer, got 'lots'"):
+        PreprocessingConfig.from_parameters(ModelParameters({"tokenizer_dir": "/t", "max_prompt_bytes": "lots"}))
+
+
+def test_enable_kv_cache_reuse_has_one_default():
+    from backend.engine.config import engine_default
+    from ensembles.render import RepoSpec
+
+    assert engine_default("enable_kv_cache_reuse") is True
+    assert EngineConfig().enable_kv_cache_reuse is True
+    assert ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/c"})).engine.enable_kv_cache_reuse
+    assert RepoSpec.__dataclass_fields__["enable_kv_cache_reuse"].default is True

@@ -1,0 +1,99 @@
+"""Pre- and postprocessing steps on the demo tokenizer: text <-> ids, word lists, streamed text."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend.errors import InvalidRequestError
+from backend.serving.postprocess import Postprocessor
+from backend.serving.preprocess import Preprocessor
+from backend.serving.triton_io import parse_word_list
+
+TEXT = "def naïve(x):  return '中文 😀'\n"
+
+
+@pytest.fixture(scope="module")
+def pre(tokenizer_dir) -> Preprocessor:
+    return Preprocessor(tokenizer_dir, max_words=3)
+
+
+@pytest.fixture(scope="module")
+def post(tokenizer_dir) -> Postprocessor:
+    return Postprocessor(tokenizer_dir)
+
+
+def test_encode_query_round_trips_bytes_and_str(pre):
+    ids = pre.encode_query(TEXT.encode())
+    assert ids == pre.encode_query(TEXT) and pre.tokenizer.decode(ids) == TEXT
+    assert pre.end_id == pre.pad_id == pre.tokenizer.eos_token_id == 0
+
+
+@pytest.mark.parametrize("value, message", [
+    (b"", "text_input is empty"),
+    ("", "text_input is empty"),
+    (b"ok \xff\xfe", r"text_input is not valid UTF-8 \(invalid start byte at byte 3\)"),
+    ("中".encode()[:2], r"text_input is not valid UTF-8 \(unexpected end of data at byte 0\)"),
+])
+def test_encode_query_refuses_empty_and_invalid_utf8(pre, value, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        pre.encode_query(value)
+
+
+def test_encode_queries_pads_to_the_longest(pre):
+    ids, lengths = pre.encode_queries([b"a", TEXT.encode()])
+    n = len(pre.encode_query(TEXT))
+    assert ids.shape == (2, n) and ids.dtype == np.int32 and lengths.tolist() == [[1], [n]]
+    assert ids[0, 1:].tolist() == [pre.pad_id] * (n - 1)
+
+
+def test_word_lists_anchor_format(pre):
+    batch = [[b"return", "中文 😀".encode(), b""], []]  # empty words are dropped
+    out = pre.word_lists(batch, 2, "stop_words")
+    words = [pre.tokenizer.encode(w, add_special_tokens=False) for w in ("return", "中文 😀")]
+    flat = words[0] + words[1]
+    assert out.shape == (2, 2, len(flat)) and out.dtype == np.int32
+    assert out[0, 0].tolist() == flat
+    assert out[0, 1].tolist() == [len(words[0]), len(flat)] + [-1] * (len(flat) - 2)
+    assert out[1, 0].tolist() == [0] * len(flat) and out[1, 1].tolist() == [-1] * len(flat)
+    assert parse_word_list(out, 0, "stop_words") == tuple(tuple(w) for w in words)  # the engine reads it back
+    assert parse_word_list(out, 1, "stop_words") == ()
+
+
+def test_word_lists_without_words(pre):
+    out = pre.word_lists(None, 2, "bad_words")
+    assert out.tolist() == [[[0], [-1]], [[0], [-1]]]
+
+
+def test_word_lists_limits(pre):
+    with pytest.raises(InvalidRequestError, match=r"bad_words has 4 words, more than the limit \(3\)"):
+        pre.word_lists([[b"a", b"b", b"c", b"d"]], 1, "bad_words")
+    with pytest.raises(InvalidRequestError, match="bad_words is not valid UTF-8"):
+        pre.word_lists([[b"\xff"]], 1, "bad_words")
+
+
+def test_texts_without_context_decode_the_tokens(post, pre):
+    ids = pre.encode_query(TEXT)
+    tokens = np.zeros((2, 1, len(ids) + 2), dtype=np.int32)
+    tokens[0, 0, : len(ids)] = ids
+    tokens[1, 0, :2] = ids[:2]
+    out = post.texts(tokens, np.array([[len(ids)], [2]]), None, None)
+    assert out.shape == (2, 1)
+    assert out[0, 0] == TEXT.encode() and out[1, 0] == pre.tokenizer.decode(ids[:2]).encode()
+
+
+def test_texts_with_context_stream_the_exact_text(post, pre):
+    """The ensemble's streaming path: one token per response, stream_context_ids as tensorrt_llm sends them."""
+    ids = pre.encode_query(TEXT)
+    pieces = []
+    for i, token in enumerate(ids):
+        context = np.array(ids[max(0, i - 8) : i], dtype=np.int32).reshape(1, 1, -1)
+        final = np.array([[i == len(ids) - 1]])
+        pieces.append(post.texts(np.array([[[token]]], dtype=np.int32), np.array([[1]]), context, final)[0, 0])
+    assert "".join(p.decode("utf-8") for p in pieces) == TEXT  # each response is valid UTF-8 on its own
+
+
+def test_prompt_bytes_limit_is_checked_before_tokenizing(pre):
+    limited = Preprocessor(pre.tokenizer.name_or_path, max_prompt_bytes=8)
+    assert limited.encode_query(b"def f():")
+    with pytest.raises(InvalidRequestError, match=r"text_input is 9 bytes, more than the limit \(8\)"):
+        limited.encode_query("def f(): ")

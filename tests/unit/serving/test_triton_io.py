@@ -1,0 +1,188 @@
+"""The tensorrt_llm tensor contract: request parsing and validation, word lists, per-row response streaming."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from backend.engine.interface import RequestOutput
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import FinishReason
+from backend.errors import InvalidRequestError
+from backend.serving.detokenizer import CONTEXT_TOKENS
+from backend.serving.triton_io import ParsedRow, RowStream, parse_request, parse_word_list
+
+
+def scalar(value, dtype=np.int32) -> np.ndarray:
+    return np.array([[value]], dtype=dtype)  # (batch 1, 1), as Triton hands a [1]-dim input
+
+
+def f32(value: float) -> float:
+    """value as it arrives through an FP32 tensor."""
+    return float(np.float32(value))
+
+
+def request(**inputs) -> dict[str, np.ndarray]:
+    """A one-row request: prompt [11, 12, 13], request_output_len 5, overridden or extended by `inputs`."""
+    base = {"input_ids": np.array([[11, 12, 13]], dtype=np.int32), "input_lengths": scalar(3),
+            "request_output_len": scalar(5)}
+    return {k: v for k, v in {**base, **inputs}.items() if v is not None}
+
+
+def word_list(words: list[list[int]], width: int) -> np.ndarray:
+    """One row of the anchor format (1, 2, width): flat ids padded with 0, cumulative offsets padded with -1."""
+    flat = [t for w in words for t in w]
+    out = np.zeros((1, 2, width), dtype=np.int32)
+    out[0, 1, :] = -1
+    out[0, 0, : len(flat)] = flat
+    out[0, 1, : len(words)] = np.cumsum([len(w) for w in words])
+    return out
+
+
+def test_parse_request_happy_path():
+    inputs = request(
+        input_ids=np.array([[11, 12, 13, 0], [21, 22, 23, 24]], dtype=np.int32),
+        input_lengths=np.array([3, 4], dtype=np.int32),  # reshape: [] in config.pbtxt: (B,) not (B, 1)
+        request_output_len=np.array([5, 6], dtype=np.int32),
+        temperature=np.array([0.5, 1.0], dtype=np.float32), runtime_top_k=np.array([40, 1], dtype=np.int32),
+        runtime_top_p=np.array([0.9, 1.0], dtype=np.float32), seed=np.array([2**64 - 1, 3], dtype=np.uint64),
+        end_id=np.array([2, 2], dtype=np.int32), min_tokens=np.array([1, 0], dtype=np.int32),
+        repetition_penalty=np.array([1.1, 1.0], dtype=np.float32), streaming=np.array([True, False]),
+        exclude_input_in_output=np.array([False, True]), return_log_probs=np.array([True, False]),
+        stop_words_list=np.concatenate([word_list([[5, 6], [7]], 4), word_list([[8]], 4)]),
+    )
+    first, second = parse_request(inputs, default_exclude_input=True)
+    assert first.prompt_ids == (11, 12, 13) and second.prompt_ids == (21, 22, 23, 24)
+    assert first.sampling == SamplingParams(
+        max_tokens=5, temperature=0.5, top_k=40, top_p=f32(0.9), seed=2**64 - 1, end_id=2, min_tokens=1,
+        repetition_penalty=f32(1.1), stop_words=((5, 6), (7,)), return_log_probs=True)
+    assert (first.streaming, first.exclude_input_in_output) == (True, False)
+    assert second.sampling.top_p == 1.0 and second.sampling.greedy  # top_k 1: greedy whatever top_p says
+    assert second.sampling.stop_words == ((8,),)
+    assert (second.streaming, second.exclude_input_in_output) == (False, True)
+
+
+def test_defaults_when_optional_inputs_are_absent():
+    (row,) = parse_request(request(), default_exclude_input=False)
+    assert row.sampling == SamplingParams(max_tokens=5)
+    assert row.sampling.greedy and not row.streaming and not row.exclude_input_in_output
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"request_output_len": None}, "request_output_len .* is required"),
+        ({"input_ids": None}, "input_ids is required"),
+        ({"input_ids": np.zeros((1, 0), dtype=np.int32)}, "input_ids is required"),
+        ({"beam_width": scalar(2)}, "beam_width must be 1"),
+        ({"num_return_sequences": scalar(0)}, r"num_return_sequences must be in \[1, 16\], got 0"),
+        ({"num_return_sequences": scalar(17)}, r"num_return_sequences must be in \[1, 16\], got 17"),
+        ({"return_context_logits": scalar(True, bool)}, "return_context_logits is not supported"),
+        ({"return_generation_logits": scalar(True, bool)}, "return_generation_logits is not supported"),
+        ({"embedding_bias": np.ones((1, 4), dtype=np.float32)}, "'embedding_bias' is not supported"),
+        ({"runtime_top_p": scalar(1.5, np.float32)}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"runtime_top_p": scalar(0.0, np.float32)}, r"top_p must be in \(0, 1\], got 0.0"),
+        ({"temperature": scalar(-1.0, np.float32)}, "temperature must be >= 0"),
+        ({"request_output_len": scalar(0)}, "max_tokens must be > 0"),
+        ({"len_penalty": scalar(0.5, np.float32)}, "len_penalty applies to beam search only"),
+        ({"input_lengths": scalar(4)}, r"input_lengths \(4\) must be in \[1, 3\]"),
+        ({"input_lengths": scalar(0)}, r"input_lengths \(0\) must be in \[1, 3\]"),
+        ({"temperature": np.array([[1.0, 0.5]], dtype=np.float32)}, "one value per batch row"),
+        ({"bad_words_list": np.array([[[5, 6, 0], [2, 1, -1]]])}, "bad_words_list has an invalid offset 1"),  # decreasing
+        ({"bad_words_list": np.array([[[5, 6, 0], [2, 4, -1]]])}, "bad_words_list has an invalid offset 4"),  # past N
+        ({"stop_words_list": np.array([[[5, 6], [0, -1]]], dtype=np.int32)}, "stop_words_list has an invalid offset 0"),
+        ({"stop_words_list": np.array([[5, 6, 2, -1]], dtype=np.int32)}, r"must have shape \[batch, 2, N\]"),
+    ],
+)
+def test_invalid_requests_name_the_input(inputs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        parse_request(request(**inputs), default_exclude_input=True)
+
+
+def test_word_list_anchor_format():
+    arr = np.array([[[5, 6, 7, 9, 0, 0], [2, 3, 4, -1, -1, -1]], [[8, 0, 0, 0, 0, 0], [1, -1, -1, -1, -1, -1]]],
+                   dtype=np.int32)
+    assert parse_word_list(arr, 0, "bad_words_list") == ((5, 6), (7,), (9,))
+    assert parse_word_list(arr, 1, "bad_words_list") == ((8,),)
+    assert parse_word_list(None, 0, "bad_words_list") == ()
+    assert parse_word_list(np.zeros((1, 2, 0), dtype=np.int32), 0, "bad_words_list") == ()
+    assert parse_word_list(word_list([], 1), 0, "bad_words_list") == ()  # a row without words: offsets all -1
+
+
+# --- RowStream ----------------------------------------------------------------------------------------------
+
+PROMPT = (11, 12, 13)
+
+
+def stream(streaming: bool, exclude_input: bool = True, **sampling) -> RowStream:
+    row = ParsedRow(PROMPT, SamplingParams(max_tokens=20, **sampling), streaming=streaming,
+                    exclude_input_in_output=exclude_input, return_num_input_tokens=True, return_num_output_tokens=True)
+    return RowStream(dataclasses.replace(row, batch_index=3))
+
+
+def outputs(tokens: list[int], log_probs: list[float] | None = None) -> list[RequestOutput]:
+    """The engine's outputs for a request that generates `tokens`, one a step, until max_tokens."""
+    last = len(tokens) - 1
+    return [RequestOutput("r", [t], [log_probs[i]] if log_probs else [], i == last,
+                          FinishReason.LENGTH if i == last else None, len(PROMPT), i + 1,
+                          sum(log_probs[: i + 1]) if log_probs else None)
+            for i, t in enumerate(tokens)]
+
+
+def responses(rs: RowStream, outs: list[RequestOutput]) -> list[dict[str, np.ndarray]]:
+    return [t for t in (rs.on_output(o) for o in outs) if t is not None]
+
+
+def test_streaming_emits_each_token_with_the_ids_sent_before_it():
+    tokens = list(range(100, 112))
+    sent = responses(stream(streaming=True), outputs(tokens))
+    assert [r["output_ids"].tolist() for r in sent] == [[[[t]]] for t in tokens]
+    for i, r in enumerate(sent):
+        assert r["stream_context_ids"].tolist() == [[tokens[:i][-CONTEXT_TOKENS:]]]
+        assert r["sequence_length"].tolist() == [[1]]
+        assert r["stream_final"].tolist() == [[i == len(tokens) - 1]]
+        assert r["batch_index"].tolist() == [[3]] and r["sequence_index"].tolist() == [[0]]
+        assert r["num_input_tokens"].tolist() == [[3]] and r["num_output_tokens"].tolist() == [[i + 1]]
+
+
+def test_non_streaming_emits_once_at_the_end():
+    rs = stream(streaming=False)
+    outs = outputs([100, 101, 102])
+    assert [rs.on_output(o) for o in outs[:-1]] == [None, None]
+    final = rs.on_output(outs[-1])
+    assert final["output_ids"].tolist() == [[[100, 101, 102]]] and final["sequence_length"].tolist() == [[3]]
+    assert final["stream_final"].tolist() == [[True]] and final["stream_context_ids"].shape == (1, 1, 0)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_without_exclude_input_the_prompt_comes_first(streaming):
+    sent = responses(stream(streaming=streaming, exclude_input=False), outputs([100, 101]))
+    assert [t for r in sent for t in r["output_ids"].reshape(-1).tolist()] == [*PROMPT, 100, 101]
+    assert sent[0]["output_ids"].reshape(-1).tolist()[:3] == list(PROMPT)
+
+
+def test_end_id_finish_sends_a_final_empty_response():
+    rs = stream(streaming=True, end_id=2)
+    sent = responses(rs, [RequestOutput("r", [100], [], False, None, 3, 1),
+                          RequestOutput("r", [], [], True, FinishReason.END_ID, 3, 1)])  # end_id is not output
+    assert [r["output_ids"].tolist() for r in sent] == [[[[100]]], [[[]]]]
+    assert sent[-1]["stream_final"].tolist() == [[True]] and sent[-1]["sequence_length"].tolist() == [[0]]
+    assert sent[-1]["stream_context_ids"].tolist() == [[[100]]]
+
+
+def test_log_probs_are_returned_when_asked():
+    sent = responses(stream(streaming=False, return_log_probs=True), outputs([100, 101], log_probs=[-0.5, -1.5]))
+    (final,) = sent
+    assert final["output_log_probs"].tolist() == [[[-0.5, -1.5]]]
+    assert final["cum_log_probs"].tolist() == [[-2.0]]
+    assert "cum_log_probs" not in responses(stream(streaming=False), outputs([100]))[0]
+
+
+def test_num_return_sequences_expands_rows_with_seeds_and_indices():
+    inputs = request(input_ids=np.array([[5, 6, 7]], dtype=np.int32), request_output_len=scalar(4),
+                     num_return_sequences=scalar(3), seed=np.array([[10]], dtype=np.uint64),
+                     runtime_top_k=scalar(20))
+    rows = parse_request(inputs, default_exclude_input=True)
+    assert [(r.batch_index, r.sequence_index, r.sampling.seed) for r in rows] == [(0, 0, 10), (0, 1, 11), (0, 2, 12)]
+    assert all(r.prompt_ids == (5, 6, 7) for r in rows)
