@@ -83,6 +83,7 @@ class LLMEngine:
         # The sampler indexes logits with these: an id outside the vocabulary would fail the whole batch's step.
         sampling = request.sampling
         self._check_vocab("end_id", [] if sampling.end_id is None else [sampling.end_id])
+        self._check_vocab("pad_id", [] if sampling.pad_id is None else [sampling.pad_id])
         self._check_vocab("stop word ids", [t for w in sampling.stop_words for t in w])
         self._check_vocab("bad word ids", [t for w in sampling.bad_words for t in w])
         if request.request_id in self.sequences:
