@@ -9,7 +9,6 @@ from backend.errors import InvalidRequestError
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
 from backend.serving.preprocess import Preprocessor
 
-
 # Optional inputs this engine does not implement (refused, naming the ensemble input, rather than ignored).
 _REFUSED_IF_SET = (("EMBEDDING_BIAS_WORDS", "embedding_bias_words"), ("EMBEDDING_BIAS_WEIGHTS", "embedding_bias_weights"),
                    ("PROMPT_TABLE_EXTRA_ID", "prompt_table_extra_id"))
