@@ -35,7 +35,9 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            if request.is_cancelled():
+            final = _input(request, "STREAM_FINAL")
+            # A final response's engine request is over (always so when not decoupled): nothing to stop.
+            if request.is_cancelled() and final is not None and not bool(final.reshape(-1)[0]):
                 self._stop_engine_request(_input(request, "REQUEST_KEY"))
         return [self._respond(r) for r in requests]
 
