@@ -26,8 +26,8 @@ from ensembles.canary_render import render_canary
 from ensembles.render import RepoSpec
 from ensembles.server import ServerOptions, TritonServer
 from tests.integration import metrics
-from tests.integration.conftest import _free_ports
 from tests.integration.anchor_calls import index_of
+from tests.integration.conftest import _free_ports
 from tests.integration.trtllm_direct import stream_infer, tensor
 
 STREAMS = 16
