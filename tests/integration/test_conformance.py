@@ -5,12 +5,15 @@ one rendered with decoupled_mode false. Greedy text is identical on every path a
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 
 from tests.integration import anchor_calls as anchor
+from tests.integration import metrics
 from tests.integration.oracle import hf_greedy, hf_text
 
 # Prompts in the L0 data set's form (text + " " + instruction); output length int(words * 1.3) as the L0 test.
@@ -193,3 +196,28 @@ def test_top_p_zero_and_top_k_zero_mean_filter_off(srv, hf):
     body = {"text_input": "import os\n", "max_tokens": 16, "top_k": 0, "top_p": 0.0}
     resp = requests.post(f"http://{srv.http_url}/v2/models/ensemble/generate", json=body, timeout=60)
     assert resp.status_code == 200 and resp.json()["text_output"] == hf_text(hf, "import os\n", 16), resp.text
+
+
+def test_a_cancelled_bls_stream_stops_its_engine_request(server):
+    """The BLS model stops tensorrt_llm's request (by its request_key) when its client cancels."""
+    port = server.opts.metrics_port
+    blocks = "nv_trt_llm_kv_cache_block_metrics"
+    idle = metrics.value(metrics.scrape(port), blocks, kv_cache_block_type="max")
+    assert metrics.wait_for(port, blocks, idle, kv_cache_block_type="free") == idle
+    tokens_before = metrics.value(metrics.scrape(port), "nv_llm_output_token_len_sum", model="tensorrt_llm")
+    got = threading.Semaphore(0)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.release())
+    inputs = anchor.e2e_inputs("def cancelled(x):\n", 900, True, end_id=np.array([[8191]], dtype=np.int32))
+    client.async_stream_infer("tensorrt_llm_bls", [anchor.tensor(grpcclient, k, v) for k, v in inputs.items()])
+    try:
+        for _ in range(5):  # tokens are streaming
+            assert got.acquire(timeout=120)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, timeout_s=60, request_type="active") == 0.0
+    assert metrics.wait_for(port, blocks, idle, kv_cache_block_type="free") == idle
+    # It ended early: the tokens it generated (counted when it finished) are far fewer than its 900.
+    tokens = metrics.value(metrics.scrape(port), "nv_llm_output_token_len_sum", model="tensorrt_llm") - tokens_before
+    assert 5 <= tokens < 900
