@@ -221,3 +221,28 @@ def test_a_cancelled_bls_stream_stops_its_engine_request(server):
     # It ended early: the tokens it generated (counted when it finished) are far fewer than its 900.
     tokens = metrics.value(metrics.scrape(port), "nv_llm_output_token_len_sum", model="tensorrt_llm") - tokens_before
     assert 5 <= tokens < 900
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_output_shapes_are_the_anchors(srv, n, streaming):
+    """Every numeric output has the batch dim first ([1, 1] scalars, [1, beams] / [1, beams, T] per sequence);
+    text_output is 1-D; sequence_index only with several sequences (decoupled), batch_index never for one row."""
+    decoupled = _decoupled(srv)
+    if streaming and not decoupled:
+        pytest.skip("streaming needs the decoupled repository")
+    flags = {name: np.array([[True]]) for name in ("return_log_probs", "return_perf_metrics",
+                                                   "return_num_input_tokens", "return_num_output_tokens")}
+    inputs = anchor.e2e_inputs("def ", 6, streaming, num_return_sequences=np.array([[n]], dtype=np.int32),
+                               top_k=np.array([[40]], dtype=np.int32), seed=np.array([[3]], dtype=np.uint64), **flags)
+    results = anchor.grpc_stream(srv.grpc_url, "ensemble", inputs)
+    beams = n if not decoupled else 1  # unary: the sequences stacked in one response
+    for r in results:
+        assert r.as_numpy("text_output").shape == (beams,)
+        assert r.as_numpy("cum_log_probs").shape == (1, beams)
+        assert r.as_numpy("output_log_probs").shape[:2] == (1, beams)
+        for name in (*anchor.PERF_OUTPUTS, "num_input_tokens", "num_output_tokens"):
+            assert r.as_numpy(name).shape == (1, 1), name
+        assert r.as_numpy("batch_index") is None
+        assert (r.as_numpy("sequence_index") is not None) == (decoupled and n > 1)
+    assert len(results) >= (n if decoupled else 1)

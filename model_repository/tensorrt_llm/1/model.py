@@ -32,8 +32,8 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _error_response(error: RowError):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message, getattr(pb_utils.TritonError,
-                                                                                          error.code)))
+    code = getattr(pb_utils.TritonError, error.code)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message, code))
 
 
 def _send_error(sender, message: str, code) -> None:
