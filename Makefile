@@ -14,6 +14,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# true: streaming (gRPC streams, HTTP generate_stream); false: KServe unary inference (HTTP /infer, gRPC ModelInfer)
+DECOUPLED_MODE ?= true
 PYTEST_ARGS ?=
 
 .PHONY: setup demo-model perf-tools serve test unit bench clean
@@ -37,7 +39,8 @@ perf-tools: setup
 	bash perf/tools/setup_perf_analyzer.sh $(BIN)/python
 
 serve: setup
-	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		--decoupled-mode $(DECOUPLED_MODE)
 
 # The demo model is built (or found cached) first, so no test's time limit includes its training.
 test: setup demo-model perf-tools

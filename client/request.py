@@ -60,7 +60,7 @@ class _Option:
 OPTIONS: dict[str, _Option] = {
     "temperature": _Option("FP32", _float_in(0.0)),
     "top_k": _Option("INT32", _int_in(0, INT32_MAX)),  # 0 = no top-k filter
-    "top_p": _Option("FP32", _float_in(0.0, 1.0, lo_open=True)),
+    "top_p": _Option("FP32", _float_in(0.0, 1.0)),  # 0 = no top-p filter (TensorRT-LLM's meaning)
     "seed": _Option("UINT64", _int_in(0, UINT64_MAX)),
     "end_id": _Option("INT32", _int_in(0, INT32_MAX)),
     "pad_id": _Option("INT32", _int_in(0, INT32_MAX)),

@@ -24,7 +24,7 @@ class TextChunk:
     cum_log_probs: float | None = None
     output_log_probs: list[float] | None = None  # one per token generated in this chunk
     num_input_tokens: int | None = None
-    num_output_tokens: int | None = None
+    num_output_tokens: int | None = None  # tokens in this chunk (streamed: sum them for the total)
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):

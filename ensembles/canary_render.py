@@ -7,7 +7,8 @@ tensorrt_llm model's inputs and outputs (derived here from its rendered config, 
     output  served_version (INT32 [1])         the version that served the response
 The ensemble gains those inputs and the `served_version` output (additive: the anchor's contract is unchanged).
 tensorrt_llm gets an explicit version_policy (only version 1 at start; `python -m ensembles canary` loads more),
-postprocessing sends its `stop` to the router, and `router/routing.json` starts at {1: 100}.
+postprocessing sends its `stop` to the router, tensorrt_llm_bls calls the router, and `router/routing.json` starts
+at {1: 100}. The router is decoupled as tensorrt_llm is (decoupled_mode).
 """
 from __future__ import annotations
 
@@ -39,13 +40,14 @@ def _block(config: str, section: str) -> str:
     return match.group(1).rstrip()
 
 
-def router_config(llm_config: str, routing: Path, max_batch_size: int) -> str:
-    """The router's config.pbtxt: the LLM's inputs (without reshape: tensors are forwarded as received) and outputs."""
+def router_config(llm_config: str, routing: Path, max_batch_size: int, decoupled: bool = True) -> str:
+    """The router's config.pbtxt: the LLM's inputs (without reshape: tensors are forwarded as received) and outputs;
+    decoupled as the LLM model is."""
     inputs = _RESHAPE.sub("", _block(llm_config, "input"))
     return "\n".join([
         "# Canary router (rendered by ensembles/canary_render.py from tensorrt_llm's config; do not edit).",
         f'name: "{ROUTER}"', 'backend: "python"', f"max_batch_size: {max_batch_size}",
-        "model_transaction_policy { decoupled: true }",
+        f"model_transaction_policy {{ decoupled: {'true' if decoupled else 'false'} }}",
         "input [", _ENSEMBLE_INPUTS + inputs, "]",
         "output [", _VERSION_OUTPUT + _block(llm_config, "output"), "]",
         "instance_group [ { count: 1 kind: KIND_CPU } ]",
@@ -106,7 +108,8 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     shutil.copytree(TEMPLATES / ROUTER, router_dir, ignore=shutil.ignore_patterns("__pycache__"))
     (router_dir / "tritonllm_env.py").write_text(env_module(spec.python_paths or default_python_paths()))
     routing = routing_file(repo)
-    (router_dir / "config.pbtxt").write_text(router_config(llm_config, routing.resolve(), spec.triton_max_batch_size))
+    (router_dir / "config.pbtxt").write_text(router_config(llm_config, routing.resolve(), spec.triton_max_batch_size,
+                                                           spec.decoupled_mode))
     RoutingTable({1: 100}, stable=1).write(routing)
     ensemble = repo / "ensemble" / "config.pbtxt"
     ensemble.write_text(route_ensemble(ensemble.read_text()))
@@ -117,4 +120,7 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
             'parameters { key: "publish_engine_metrics" value: { string_value: "false" } }')
     _append(repo / "postprocessing" / "config.pbtxt",
             'parameters { key: "stop_model" value: { string_value: "router" } }')
+    bls = repo / "tensorrt_llm_bls" / "config.pbtxt"  # the BLS model's LLM calls go through the router too
+    bls.write_text(_replace_once(bls.read_text(), '"tensorrt_llm_model_name" value: { string_value: "tensorrt_llm" }',
+                                 f'"tensorrt_llm_model_name" value: {{ string_value: "{ROUTER}" }}', "BLS LLM name"))
     return repo

@@ -12,8 +12,10 @@ from backend.policy.tenants import load_limits
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
-PYTHON_MODELS = ("preprocessing", "tensorrt_llm", "postprocessing")
+PYTHON_MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+# The ensemble, its three steps, and tensorrt_llm_bls (the same contract in one Python model, on the same engine).
 ENSEMBLE_MODELS = PYTHON_MODELS + ("ensemble",)
+LOGITS_DATATYPES = ("TYPE_FP32", "TYPE_FP16", "TYPE_BF16")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class RepoSpec:
     enable_kv_cache_reuse: bool = engine_default("enable_kv_cache_reuse")  # prefix caching (the anchor's: off)
     enable_chunked_context: bool = engine_default("enable_chunked_context")
     exclude_input_in_output: bool = True
+    # true: tensorrt_llm and tensorrt_llm_bls are decoupled (streaming; gRPC streams and HTTP generate_stream);
+    # false: one response per request (KServe unary inference: HTTP /infer, gRPC ModelInfer), as the anchor's.
+    decoupled_mode: bool = True
+    logits_datatype: str = "TYPE_FP32"  # dtype of the context_logits / generation_logits outputs (the anchor's)
+    # Unsafe, off: `stop` by Triton request id (the anchor's flow) instead of by the request's request_key.
+    stop_by_request_id: bool = False
     cancellation_check_period_ms: int = 100
     preprocessing_instance_count: int = 1
     add_special_tokens: bool = False
@@ -54,6 +62,8 @@ class RepoSpec:
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
             raise ValueError(f"batch_scheduler_policy must be guaranteed_no_evict or max_utilization, "
                              f"got {self.batch_scheduler_policy!r}")
+        if self.logits_datatype not in LOGITS_DATATYPES:
+            raise ValueError(f"logits_datatype must be one of {', '.join(LOGITS_DATATYPES)}, got {self.logits_datatype!r}")
         if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:
             raise ValueError(f"kv_cache_free_gpu_mem_fraction must be in (0, 1], got {self.kv_cache_free_gpu_mem_fraction}")
         if not (Path(self.engine_dir) / "config.json").is_file():

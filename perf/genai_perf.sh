@@ -3,8 +3,8 @@
 # KServe gRPC endpoint, tensorrtllm backend inputs, streaming. It lives in its own virtualenv
 # (perf/.venv-genai-perf; ~1 min to make): it needs numpy>=2, while the project pins numpy<2 (nvidia-pytriton).
 # It runs the perf_analyzer binary it finds on PATH: ours (perf/tools/perf_analyzer, `make perf-tools`) comes first.
-# Exact output lengths: `--extra-inputs min_tokens:N`, not --output-tokens-mean-deterministic, which in 0.0.16 sends
-# `min_length`, the input's name in older tensorrtllm_backend ensembles (today's, and ours, call it min_tokens).
+# Exact output lengths: --output-tokens-mean-deterministic, which in 0.0.16 sends `min_length` (min_tokens' name in
+# older tensorrtllm_backend ensembles; ours accepts it as an alias).
 #
 #     perf/genai_perf.sh [GRPC_URL]      # default localhost:8001; CONCURRENCY=4 REQUESTS=32 INPUT_TOKENS=128
 #                                        # OUTPUT_TOKENS=64 TOKENIZER=<HF dir> (default: the demo model's)
@@ -23,6 +23,6 @@ export PATH=$ROOT/perf/tools:$PATH HF_HUB_OFFLINE=1
 exec "$VENV/bin/genai-perf" profile -m ensemble --endpoint-type kserve --backend tensorrtllm --streaming -u "$URL" \
     --tokenizer "$TOKENIZER" \
     --synthetic-input-tokens-mean "${INPUT_TOKENS:-128}" --synthetic-input-tokens-stddev 0 \
-    --output-tokens-mean "${OUTPUT_TOKENS:-64}" --extra-inputs "min_tokens:${OUTPUT_TOKENS:-64}" \
+    --output-tokens-mean "${OUTPUT_TOKENS:-64}" --output-tokens-stddev 0 --output-tokens-mean-deterministic \
     --concurrency "${CONCURRENCY:-4}" --request-count "${REQUESTS:-32}" --warmup-request-count 2 \
     --artifact-dir "${ARTIFACT_DIR:-$ROOT/perf/out/genai-perf}"

@@ -39,6 +39,7 @@ class RequestOutput:
     num_output_tokens: int
     cum_log_prob: float | None = None
     perf: PerfMetrics | None = None
+    error: str | None = None  # finish_reason ERROR: why this request failed (the others of its step go on)
 
 
 class EngineCore(Protocol):

@@ -83,6 +83,7 @@ class LLMEngine:
         # The sampler indexes logits with these: an id outside the vocabulary would fail the whole batch's step.
         sampling = request.sampling
         self._check_vocab("end_id", [] if sampling.end_id is None else [sampling.end_id])
+        self._check_vocab("pad_id", [] if sampling.pad_id is None else [sampling.pad_id])
         self._check_vocab("stop word ids", [t for w in sampling.stop_words for t in w])
         self._check_vocab("bad word ids", [t for w in sampling.bad_words for t in w])
         if request.request_id in self.sequences:
@@ -109,6 +110,13 @@ class LLMEngine:
         seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
         return self._output(seq, *seq.take_emittable())
 
+    def _fail(self, seq: Sequence, message: str) -> RequestOutput:
+        """End seq with an error, freeing what it holds: the engine stays consistent for every other request."""
+        self.sequences.pop(seq.request_id, None)
+        self.scheduler.finish(seq)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.ERROR
+        return dataclasses.replace(self._output(seq, [], []), error=message)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
@@ -117,7 +125,11 @@ class LLMEngine:
         if not batch:
             self.last_step = StepSummary()
             return []
-        logits = self.runner.run(self._step_inputs(batch))
+        try:
+            logits = self.runner.run(self._step_inputs(batch))
+        except Exception as exc:  # noqa: BLE001 -- the batch's requests fail; the engine and the others go on
+            log.exception("model forward failed: failing the %d requests of this step", len(batch))
+            return [self._fail(item.seq, f"model forward failed: {exc}") for item in batch]
         sampled = sample(logits, batch.sampling)
         self._postprocess(batch)
         return self._emit(batch.sampling, sampled)
@@ -149,6 +161,9 @@ class LLMEngine:
         outputs = []
         now = time.time_ns()
         for seq, result in zip(seqs, sampled):
+            if result.error is not None:  # this row alone failed (backend/engine/sampler.py)
+                outputs.append(self._fail(seq, result.error))
+                continue
             seq.first_token_time_ns = seq.first_token_time_ns or now
             seq.last_token_time_ns = now
             seq.append(result.token, result.log_prob)

@@ -1,4 +1,10 @@
-"""Next-token choice from logits: penalties, masks, temperature, top-k, top-p, per-request seeded RNG."""
+"""Next-token choice from logits: penalties, masks, temperature, top-k, top-p, per-request seeded RNG.
+
+Numerically safe for every value SamplingParams accepts: scaled logits are clamped to the finite float range (a
+masked -inf stays -inf), and temperature divides as TensorRT-LLM's kernel does, by t + 1e-6. A row that still
+cannot be sampled (e.g. every token masked) fails alone: its SampleResult carries the error and the other rows of
+the step are unaffected.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,11 +13,18 @@ import torch
 
 from backend.engine.sequence import Sequence
 
+_TEMPERATURE_EPS = 1e-6  # TensorRT-LLM's: logits * 1 / (t + 1e-6)
+
+
+class SamplingError(RuntimeError):
+    """One request's row could not be sampled (its request fails; the step goes on for the others)."""
+
 
 @dataclass(frozen=True)
 class SampleResult:
     token: int
     log_prob: float | None  # log-probability of the token under the unmodified model distribution
+    error: str | None = None  # set when this row failed: token is then meaningless
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
@@ -20,15 +33,26 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     argmax = logits.argmax(dim=-1).tolist()  # one call for the common case: greedy, nothing masked
     results = []
     for i, seq in enumerate(seqs):
-        sampling = seq.request.sampling
-        if sampling.greedy and not _has_controls(seq):
-            token = argmax[i]
-        else:
-            row = _apply_controls(logits[i].clone(), seq)
-            token = int(torch.argmax(row)) if sampling.greedy else _draw(row, seq)
-        lp = float(log_probs[i, token]) if log_probs is not None and sampling.return_log_probs else None
+        try:
+            token = _choose(logits[i], argmax[i], seq)
+        except Exception as exc:  # noqa: BLE001 -- one request's failure must not fail the step's other rows
+            results.append(SampleResult(0, None, f"sampling failed for this request: {exc}"))
+            continue
+        lp = float(log_probs[i, token]) if log_probs is not None and seq.request.sampling.return_log_probs else None
         results.append(SampleResult(token, lp))
     return results
+
+
+def _choose(logits: torch.Tensor, argmax: int, seq: Sequence) -> int:
+    sampling = seq.request.sampling
+    if sampling.greedy and not _has_controls(seq):
+        return argmax
+    row = _apply_controls(logits.clone(), seq)
+    if sampling.greedy:
+        if bool(torch.isneginf(row).all()):
+            raise SamplingError("every token is masked (bad_words / min_tokens)")
+        return int(torch.argmax(row))
+    return _draw(row, seq)
 
 
 def _has_controls(seq: Sequence) -> bool:
@@ -37,10 +61,16 @@ def _has_controls(seq: Sequence) -> bool:
     return sampling.uses_penalties or min_tokens_active or bool(sampling.bad_words)
 
 
+def _finite(row: torch.Tensor) -> torch.Tensor:
+    """Overflowed values (a huge penalty, a tiny temperature) clamped to the largest floats; -inf masks kept."""
+    info = torch.finfo(row.dtype)
+    return torch.nan_to_num(row, nan=float("-inf"), posinf=info.max, neginf=float("-inf"))
+
+
 def _apply_controls(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     sampling = seq.request.sampling
     if sampling.uses_penalties:
-        row = _penalise(row, seq)
+        row = _finite(_penalise(row, seq))
     if sampling.end_id is not None and seq.num_output_tokens < sampling.min_tokens:
         row[sampling.end_id] = float("-inf")
     for word in sampling.bad_words:
@@ -69,11 +99,13 @@ def _penalise(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
 
 def _draw(row: torch.Tensor, seq: Sequence) -> int:
     sampling = seq.request.sampling
-    row = row / sampling.temperature
+    row = _finite(row / (sampling.temperature + _TEMPERATURE_EPS))
     if sampling.top_k > 0 and sampling.top_k < row.shape[0]:
         kth = torch.topk(row, sampling.top_k).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
     probs = torch.softmax(row, dim=-1)
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+        raise SamplingError("no token has a finite probability (every token masked?)")
     if sampling.top_p is not None and sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).

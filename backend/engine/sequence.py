@@ -14,6 +14,7 @@ class FinishReason(str, enum.Enum):
     STOP_WORD = "stop_word"
     LENGTH = "length"  # max_tokens generated
     CANCELLED = "cancelled"
+    ERROR = "error"  # this request's step failed (RequestOutput.error says why)
 
 
 class SeqStatus(enum.Enum):

@@ -151,6 +151,9 @@ class EngineLoop:
             self._sinks.pop(out.request_id, None)
         if sink is None:
             return
+        if out.error is not None:  # this request alone failed in the engine's step
+            sink.fail(RuntimeError(out.error))
+            return
         try:
             sink.emit(out)
         except Exception:  # a client that went away must not stop the others

@@ -103,6 +103,9 @@ class ServingConfig:
     # publishes the per-version figures.
     publish_metrics: bool = True
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
+    # Unsafe (the anchor's behaviour): a `stop` without request_key ends the requests of its Triton request id,
+    # which any client can send. Off: stop needs the request's request_key.
+    stop_by_request_id: bool = False
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "ServingConfig":
@@ -114,6 +117,7 @@ class ServingConfig:
             publish_metrics=p.flag("publish_engine_metrics", True),
             tenancy=TenancyConfig(limits_file=p.path("limits_file"),
                                   tenant_header=p.text("tenant_header", TenancyConfig.tenant_header)),
+            stop_by_request_id=p.flag("stop_by_request_id", False),
         )
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backend.errors import InvalidRequestError
 from backend.serving.detokenizer import decode_delta
 from backend.serving.preprocess import load_tokenizer
 
@@ -12,6 +13,7 @@ from backend.serving.preprocess import load_tokenizer
 class Postprocessor:
     def __init__(self, tokenizer_dir: str | Path) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.vocab_size = len(self.tokenizer)  # ids the tokenizer can turn into text
 
     def texts(
         self,
@@ -20,13 +22,36 @@ class Postprocessor:
         context: np.ndarray | None,  # (B, beams, W) ids already sent before these (streaming), or None
         final: np.ndarray | None,  # (B, 1) whether this is the request's last response; None: it is
     ) -> np.ndarray:
-        """(B, beams) UTF-8 bytes: the text these tokens add."""
+        """(B * beams,) UTF-8 bytes: the text these tokens add, one entry per (batch row, beam), flat as the
+        anchor's OUTPUT (one sequence gives shape [1]; clients read text_output[0])."""
+        self._check(tokens, lengths, context)
         B, beams = tokens.shape[:2]
-        out = np.empty((B, beams), dtype=object)
+        out = np.empty(B * beams, dtype=object)
         for b in range(B):
             is_final = True if final is None else bool(final[b].reshape(-1)[0])
             for k in range(beams):
                 new = tokens[b, k, : int(lengths[b, k])].tolist()
                 ctx = context[b, k].tolist() if context is not None and context.size else []
-                out[b, k] = decode_delta(self.tokenizer, ctx, new, is_final).encode("utf-8")
+                out[b * beams + k] = decode_delta(self.tokenizer, ctx, new, is_final).encode("utf-8")
         return out
+
+    def _check(self, tokens: np.ndarray, lengths: np.ndarray, context: np.ndarray | None) -> None:
+        """Refuse what cannot be decoded, naming the input (INVALID_ARG), before the tokenizer sees it."""
+        if tokens.ndim != 3:
+            raise InvalidRequestError(f"TOKENS_BATCH must have shape [batch, beams, tokens], got {list(tokens.shape)}")
+        if lengths.shape != tokens.shape[:2]:
+            raise InvalidRequestError(f"SEQUENCE_LENGTH must have shape {list(tokens.shape[:2])} (one length per "
+                                      f"TOKENS_BATCH row), got {list(lengths.shape)}")
+        if lengths.size and (lengths.min() < 0 or lengths.max() > tokens.shape[2]):
+            raise InvalidRequestError(f"SEQUENCE_LENGTH values must be in [0, {tokens.shape[2]}] (the TOKENS_BATCH "
+                                      f"width), got {lengths.reshape(-1).tolist()[:8]}")
+        valid = np.arange(tokens.shape[2]) < lengths[..., None]  # (B, beams, T): the ids that are decoded
+        self._check_ids("TOKENS_BATCH", tokens[valid])
+        if context is not None and context.size:
+            self._check_ids("STREAM_CONTEXT_IDS", context.reshape(-1))
+
+    def _check_ids(self, name: str, ids: np.ndarray) -> None:
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise InvalidRequestError(f"{name} holds token ids outside the tokenizer's vocabulary "
+                                      f"[0, {self.vocab_size}): {bad[:5].tolist()}")

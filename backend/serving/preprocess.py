@@ -25,12 +25,17 @@ def decode_utf8(value: bytes | str, name: str) -> str:
         raise InvalidRequestError(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
+# A stop / bad word list's size limit in UTF-8 bytes (all its words together): checked before tokenizing.
+MAX_WORD_LIST_BYTES = 4096
+
+
 class Preprocessor:
     def __init__(self, tokenizer_dir: str | Path, add_special_tokens: bool = False, max_words: int = 64,
                  max_prompt_bytes: int | None = None) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.add_special_tokens = add_special_tokens
         self.max_words = max_words
+        self.max_word_bytes = MAX_WORD_LIST_BYTES
         self.max_prompt_bytes = max_prompt_bytes  # checked before tokenizing: a huge prompt costs no CPU
         eos = self.tokenizer.eos_token_id
         self.end_id = eos
@@ -57,12 +62,23 @@ class Preprocessor:
             ids[i, : len(r)] = r
         return ids, np.array([[len(r)] for r in rows], dtype=np.int32)
 
+    def no_decoder_input(self, decoder_query, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """DECODER_INPUT_ID (B, 0) and REQUEST_DECODER_INPUT_LEN (B, 1) of 0: a decoder-only model has no decoder
+        input; a DECODER_QUERY (encoder-decoder models' decoder prompt) is refused rather than ignored."""
+        if decoder_query is not None and any(decode_utf8(v, "decoder_text_input") for v in decoder_query.reshape(-1)):
+            raise InvalidRequestError("decoder_text_input (DECODER_QUERY) is for encoder-decoder models; this model "
+                                      "is decoder-only")
+        return np.zeros((batch_size, 0), dtype=np.int32), np.zeros((batch_size, 1), dtype=np.int32)
+
     def word_lists(self, batch: Sequence[Sequence[bytes | str]] | None, batch_size: int, name: str) -> np.ndarray:
         """Words per row -> (B, 2, N): row 0 flat ids padded with 0, row 1 cumulative end offsets padded with -1."""
         rows = []
         for b in range(batch_size):
-            words = [decode_utf8(w, name) for w in (batch[b] if batch is not None else [])]
-            words = [w for w in words if w]
+            raw = list(batch[b]) if batch is not None else []
+            size = sum(len(w.encode() if isinstance(w, str) else w) for w in raw)
+            if size > self.max_word_bytes:
+                raise InvalidRequestError(f"{name} is {size} bytes, more than the limit ({self.max_word_bytes})")
+            words = [w for w in (decode_utf8(w, name) for w in raw) if w]  # "" is no word ([[""]]: none)
             if len(words) > self.max_words:
                 raise InvalidRequestError(f"{name} has {len(words)} words, more than the limit ({self.max_words})")
             rows.append([self.tokenizer.encode(w, add_special_tokens=False) for w in words])

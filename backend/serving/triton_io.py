@@ -6,6 +6,7 @@ model_repository/tensorrt_llm/1/model.py only moves these arrays in and out of p
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -19,8 +20,12 @@ from backend.serving.detokenizer import CONTEXT_TOKENS
 MAX_RETURN_SEQUENCES = 16
 # Optional inputs this engine does not implement: a request that sets them gets INVALID_ARG, never a silent no-op.
 _UNSUPPORTED_IF_TRUE = ("return_context_logits", "return_generation_logits")
-_UNSUPPORTED_IF_PRESENT = ("embedding_bias", "prompt_embedding_table", "lora_task_id", "lora_weights", "lora_config",
-                           "guided_decoding_guide_type", "guided_decoding_guide", "draft_input_ids")
+_UNSUPPORTED_IF_PRESENT = ("embedding_bias", "prompt_embedding_table", "prompt_table_extra_ids", "prompt_vocab_size",
+                           "lora_task_id", "lora_weights", "lora_config", "guided_decoding_guide_type",
+                           "guided_decoding_guide", "draft_input_ids")
+# Perf outputs of speculative decoding (the anchor's): always 0 here, there is no draft model.
+_SPECULATIVE_PERF = {"acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32,
+                     "total_draft_tokens": np.int32}
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,9 @@ class ParsedRow:
     streaming: bool
     exclude_input_in_output: bool
     batch_index: int = 0  # which row of the Triton request
+    batch_size: int = 1  # its rows: batch_index is an output only when there are several (as the anchor)
     sequence_index: int = 0  # which of its num_return_sequences
+    num_sequences: int = 1  # how many: sequence_index is an output only when there are several (as the anchor)
     return_perf_metrics: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
@@ -69,19 +76,59 @@ def parse_word_list(arr: np.ndarray | None, row: int, name: str) -> tuple[tuple[
     return tuple(words)
 
 
-def parse_request(inputs: Mapping[str, np.ndarray], default_exclude_input: bool) -> list[ParsedRow]:
-    """Validate a tensorrt_llm request's tensors and split it into rows (raises InvalidRequestError)."""
+def parse_request(inputs: Mapping[str, np.ndarray], default_exclude_input: bool,
+                  decoupled: bool = True) -> list[ParsedRow]:
+    """Validate a tensorrt_llm request's tensors and split it into rows (raises InvalidRequestError).
+
+    Not decoupled (unary inference: exactly one response per request), a request may not stream and holds one
+    batch row, as in the anchor; its num_return_sequences come back together in that one response."""
     for name in _UNSUPPORTED_IF_PRESENT:
         if inputs.get(name) is not None and inputs[name].size:
             raise InvalidRequestError(f"input {name!r} is not supported by this engine")
     ids = inputs.get("input_ids")
     if ids is None or ids.ndim != 2 or ids.shape[1] == 0:
         raise InvalidRequestError("input_ids is required, with shape [batch, tokens] and at least one token")
+    if not decoupled and ids.shape[0] > 1:
+        raise InvalidRequestError(f"a request with {ids.shape[0]} batch rows needs the decoupled model "
+                                  f"(this repository was rendered with decoupled_mode false): send one row per request")
     rows = []
     for b in range(ids.shape[0]):
         row = _parse_row(inputs, ids, b, default_exclude_input)
+        if row.streaming and not decoupled:
+            raise InvalidRequestError("streaming needs the decoupled model (this repository was rendered with "
+                                      "decoupled_mode false): send stream=false, or render with --decoupled-mode true")
         rows.extend(_sequences(row, _scalar(inputs, "num_return_sequences", b, int, 1)))
     return rows
+
+
+def _check_decoder_input(inputs: Mapping[str, np.ndarray], row: int, pad_id: int | None) -> None:
+    """decoder_input_ids is for encoder-decoder models; this engine serves decoder-only ones. Accepted when it says
+    "no decoder input": empty (our preprocessing's DECODER_INPUT_ID), or the anchor preprocessing's one pad id."""
+    ids = inputs.get("decoder_input_ids")
+    length = _scalar(inputs, "decoder_input_lengths", row, int)
+    if ids is None or ids.size == 0:
+        if length not in (None, 0):
+            raise InvalidRequestError(f"decoder_input_lengths is {length} but decoder_input_ids is empty")
+        return
+    values = ids[row].reshape(-1)[: length if length is not None else None].tolist()
+    if values and not (len(values) == 1 and pad_id is not None and values[0] == pad_id):
+        raise InvalidRequestError("decoder_input_ids is for encoder-decoder models; this model is decoder-only "
+                                  "(send it empty, or leave it out)")
+
+
+def _min_tokens(inputs: Mapping[str, np.ndarray], row: int) -> int:
+    """min_tokens, or min_length (its name in older tensorrtllm_backend ensembles; genai-perf 0.0.16 sends it)."""
+    new, old = _scalar(inputs, "min_tokens", row, int), _scalar(inputs, "min_length", row, int)
+    if new is not None and old is not None and new != old:
+        raise InvalidRequestError(f"min_tokens ({new}) and min_length ({old}, its old name) disagree: send one")
+    return next((v for v in (new, old) if v is not None), 0)
+
+
+def _float(inputs: Mapping[str, np.ndarray], name: str, row: int, default: float | None) -> float | None:
+    value = _scalar(inputs, name, row, float, default)
+    if value is not None and not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a finite number, got {value}")
+    return value
 
 
 def _sequences(row: ParsedRow, n: int) -> list[ParsedRow]:
@@ -90,7 +137,7 @@ def _sequences(row: ParsedRow, n: int) -> list[ParsedRow]:
     if not 1 <= n <= MAX_RETURN_SEQUENCES:
         raise InvalidRequestError(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
     seed = row.sampling.seed
-    return [dataclasses.replace(row, sequence_index=i, sampling=dataclasses.replace(
+    return [dataclasses.replace(row, sequence_index=i, num_sequences=n, sampling=dataclasses.replace(
         row.sampling, seed=None if seed is None else (seed + i) % 2**64)) for i in range(n)]
 
 
@@ -108,31 +155,33 @@ def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, defa
     if beam_width != 1:
         raise InvalidRequestError(f"beam_width must be 1 (beam search is not supported; use num_return_sequences "
                                   f"with sampling for several outputs), got {beam_width}")
-    seed = _scalar(inputs, "seed", row, int)
+    top_p = _float(inputs, "runtime_top_p", row, None)
+    pad_id = _scalar(inputs, "pad_id", row, int)
+    _check_decoder_input(inputs, row, pad_id)
     sampling = SamplingParams(
         max_tokens=max_tokens,
-        temperature=_scalar(inputs, "temperature", row, float, 1.0),
+        temperature=_float(inputs, "temperature", row, 1.0),
         top_k=_scalar(inputs, "runtime_top_k", row, int, 0),
-        top_p=_scalar(inputs, "runtime_top_p", row, float),  # 0 is refused: leave top_p out for no nucleus limit
-        seed=seed,
+        top_p=top_p if top_p is not None and top_p > 0.0 else None,  # as TensorRT-LLM: 0 or less means no limit
+        seed=_scalar(inputs, "seed", row, int),
         end_id=_scalar(inputs, "end_id", row, int),
-        min_tokens=_scalar(inputs, "min_tokens", row, int, 0),
-        repetition_penalty=_scalar(inputs, "repetition_penalty", row, float, 1.0),
-        presence_penalty=_scalar(inputs, "presence_penalty", row, float, 0.0),
-        frequency_penalty=_scalar(inputs, "frequency_penalty", row, float, 0.0),
+        pad_id=pad_id,
+        min_tokens=_min_tokens(inputs, row),
+        repetition_penalty=_float(inputs, "repetition_penalty", row, 1.0),
+        presence_penalty=_float(inputs, "presence_penalty", row, 0.0),
+        frequency_penalty=_float(inputs, "frequency_penalty", row, 0.0),
+        length_penalty=_float(inputs, "len_penalty", row, 0.0),
         stop_words=parse_word_list(inputs.get("stop_words_list"), row, "stop_words_list"),
         bad_words=parse_word_list(inputs.get("bad_words_list"), row, "bad_words_list"),
         return_log_probs=_scalar(inputs, "return_log_probs", row, bool, False),
     )
-    len_penalty = _scalar(inputs, "len_penalty", row, float, 1.0)
-    if len_penalty != 1.0:
-        raise InvalidRequestError(f"len_penalty applies to beam search only (beam_width 1 here), got {len_penalty}")
     return ParsedRow(
         prompt_ids=tuple(int(t) for t in ids[row, :length]),
         sampling=sampling,
         streaming=_scalar(inputs, "streaming", row, bool, False),
         exclude_input_in_output=_scalar(inputs, "exclude_input_in_output", row, bool, default_exclude_input),
         batch_index=row,
+        batch_size=ids.shape[0],
         return_perf_metrics=_scalar(inputs, "return_perf_metrics", row, bool, False),
         return_num_input_tokens=_scalar(inputs, "return_num_input_tokens", row, bool, False),
         return_num_output_tokens=_scalar(inputs, "return_num_output_tokens", row, bool, False),
@@ -151,8 +200,9 @@ class RowStream:
     started: bool = False
 
     def __post_init__(self) -> None:
-        if not self.row.exclude_input_in_output:
-            # As TensorRT-LLM: without exclude_input_in_output the output starts with the prompt.
+        if not self.row.exclude_input_in_output and not self.row.streaming:
+            # As TensorRT-LLM: without exclude_input_in_output a non-streamed output starts with the prompt; a
+            # streamed response never holds it (the anchor's clients prepend the prompt themselves).
             self.pending.extend(self.row.prompt_ids)
 
     def on_output(self, out: RequestOutput) -> dict[str, np.ndarray] | None:
@@ -172,12 +222,15 @@ class RowStream:
         tensors = {
             "output_ids": tokens,
             "sequence_length": np.array([[tokens.shape[-1]]], dtype=np.int32),
-            "batch_index": np.array([[row.batch_index]], dtype=np.int32),
-            "sequence_index": np.array([[row.sequence_index]], dtype=np.int32),
             "stream_context_ids": np.array(self.emitted[-CONTEXT_TOKENS:], dtype=np.int32).reshape(1, 1, -1),
             "stream_final": np.array([[out.finished]], dtype=bool),
             "request_key": np.array([[self.request_key]], dtype=np.uint64),
         }
+        # As the anchor: batch_index only for a request of several rows, sequence_index only for several sequences.
+        if row.batch_size > 1:
+            tensors["batch_index"] = np.array([[row.batch_index]], dtype=np.int32)
+        if row.num_sequences > 1:
+            tensors["sequence_index"] = np.array([[row.sequence_index]], dtype=np.int32)
         if row.sampling.return_log_probs:
             tensors["cum_log_probs"] = np.array([[out.cum_log_prob or 0.0]], dtype=np.float32)
             tensors["output_log_probs"] = np.array(self.pending_log_probs, dtype=np.float32).reshape(1, 1, -1)
@@ -185,8 +238,12 @@ class RowStream:
             for name, value in dataclasses.asdict(out.perf).items():
                 dtype = np.int64 if name.endswith("_time_ns") else np.int32
                 tensors[name] = np.array([[value]], dtype=dtype)
+            for name, dtype in _SPECULATIVE_PERF.items():
+                tensors[name] = np.zeros((1, 1), dtype=dtype)
         if row.return_num_input_tokens:
             tensors["num_input_tokens"] = np.array([[out.num_input_tokens]], dtype=np.int32)
         if row.return_num_output_tokens:
-            tensors["num_output_tokens"] = np.array([[out.num_output_tokens]], dtype=np.int32)
+            # As the anchor (TensorRT-LLM PR 5445): the tokens of this response's output_ids. Streamed: this
+            # response's new tokens (a client sums them); not streamed: the total, with the prompt when it is there.
+            tensors["num_output_tokens"] = np.array([[tokens.shape[-1]]], dtype=np.int32)
         return tensors

@@ -9,7 +9,7 @@ async_stream_infer do) and record, per request, custom locust events besides the
 | TOKENS_PER_S | ensemble | this request's output tokens / its whole time (tokens/s, not ms) |
 
 Locust's stats CSV / HTML report then give each one's median, percentiles and count. Output tokens are the
-server's count (return_num_output_tokens on the final chunk). Bounded and headless, it stops by itself:
+server's count (return_num_output_tokens: each streamed chunk counts its own tokens, summed here). Bounded and headless, it stops by itself:
 
     .venv/bin/python -m locust -f perf/locust/grpc_streaming_locustfile.py --headless -u 4 -r 2 -t 30s \\
         --host localhost:8001 --csv build/locust/grpc --html build/locust/grpc.html --only-summary
@@ -68,7 +68,7 @@ class GrpcStreamingUser(User):
             for chunk in self.client.generate(req):
                 if chunk.text:
                     chunk_times.append(time.perf_counter())
-                tokens = chunk.num_output_tokens or tokens
+                tokens += chunk.num_output_tokens or 0
         except GenerationError as e:
             error = e
         total = time.perf_counter() - start

@@ -16,6 +16,7 @@ from ensembles.server import free_ports as _free_ports  # noqa: F401 (other test
 # Limits the server is rendered with; tests check the errors at these limits.
 MAX_INPUT_LEN = 512
 MAX_SEQ_LEN = 1024
+ALL_MODELS = ("ensemble", "tensorrt_llm", "preprocessing", "postprocessing", "tensorrt_llm_bls")
 
 
 def pytest_collection_modifyitems(items):
@@ -48,7 +49,24 @@ def server(demo, tmp_path_factory) -> TritonServer:
     repo = render(spec, root / "model_repository")
     http, grpc, metrics = _free_ports(3)
     srv = TritonServer(ServerOptions(repo, http, grpc, metrics), log_path=root / "tritonserver.log")
-    srv.start(ready_timeout_s=300, models=("ensemble", "tensorrt_llm", "preprocessing", "postprocessing"))
+    srv.start(ready_timeout_s=300, models=ALL_MODELS)
+    yield srv
+    srv.stop()
+    log = Path(root / "tritonserver.log").read_text(errors="replace")
+    assert "Segmentation fault" not in log and "Traceback" not in log, log[-4000:]
+
+
+@pytest.fixture(scope="session")
+def unary_server(demo, tmp_path_factory) -> TritonServer:
+    """The same repository rendered with decoupled_mode false: KServe unary inference (one response per request)."""
+    root = tmp_path_factory.mktemp("triton-unary")
+    spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=24,
+                    max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN, max_num_tokens=1024,
+                    cancellation_check_period_ms=20, decoupled_mode=False)
+    http, grpc, metrics = _free_ports(3)
+    srv = TritonServer(ServerOptions(render(spec, root / "model_repository"), http, grpc, metrics),
+                       log_path=root / "tritonserver.log")
+    srv.start(ready_timeout_s=300, models=ALL_MODELS)
     yield srv
     srv.stop()
     log = Path(root / "tritonserver.log").read_text(errors="replace")

@@ -13,13 +13,13 @@ from tests.integration.trtllm_direct import stream_infer, tensor
 
 HTTP_CASES = [
     ({"text_input": "", "max_tokens": 4}, "text_input is empty"),
-    ({"text_input": "def "}, "missing required input(s) ['max_tokens']"),
+    ({"text_input": "def "}, "max_tokens (REQUEST_OUTPUT_LEN) is required"),
     ({"text_input": "def ", "max_tokens": 0}, "max_tokens must be > 0"),
     ({"text_input": "def ", "max_tokens": -3}, "max_tokens must be > 0"),
     ({"text_input": "def ", "max_tokens": MAX_SEQ_LEN * 10}, "max_tokens"),
     ({"text_input": "x = 1\n" * MAX_INPUT_LEN, "max_tokens": 4}, f"more than max_input_len ({MAX_INPUT_LEN})"),
     ({"text_input": "def ", "max_tokens": 4, "top_p": 1.5}, "top_p must be in (0, 1]"),
-    ({"text_input": "def ", "max_tokens": 4, "top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"text_input": "def ", "max_tokens": 4, "top_p": 1.0001}, "top_p must be in (0, 1]"),
     ({"text_input": "def ", "max_tokens": 4, "temperature": -0.5}, "temperature must be >= 0"),
     ({"text_input": "def ", "max_tokens": 4, "beam_width": 4}, "beam_width must be 1"),
     # A wrong JSON type ("max_tokens": "four") is refused by Triton's HTTP front end itself, with status 500;

@@ -50,12 +50,13 @@ def test_ensemble_text_matches_hf_on_every_path(server, hf, prompt, max_tokens):
     assert "".join(c.text for c in http.generate_stream(streamed)) == expected
 
 
-def test_prompt_is_echoed_when_input_not_excluded(server, hf):
-    # Multi-byte characters in the prompt: streamed chunks must not split them.
+def test_prompt_is_echoed_when_input_not_excluded_and_not_streamed(server, hf):
+    # As the anchor: a non-streamed output starts with the prompt; a streamed one never holds it (its clients
+    # prepend the prompt themselves). Multi-byte characters in the prompt: streamed chunks must not split them.
     prompt = "# café → 日本語 ✓\ndef "
-    expected = prompt + hf_text(hf, prompt, 20)
+    generated = hf_text(hf, prompt, 20)
     grpc = GrpcLLMClient(server.grpc_url)
-    for stream in (False, True):
+    for stream, expected in ((False, prompt + generated), (True, generated)):
         req = GenerationRequest(prompt=prompt, max_tokens=20, stream=stream, exclude_input_in_output=False)
         assert "".join(c.text for c in grpc.generate(req)) == expected
 

@@ -6,6 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
+from backend.errors import InvalidRequestError
 from backend.serving.parameters import ModelParameters, PostprocessingConfig
 from backend.serving.postprocess import Postprocessor
 
@@ -15,7 +16,7 @@ _PASS_THROUGH = (
     "CUM_LOG_PROBS", "OUTPUT_LOG_PROBS", "CONTEXT_LOGITS", "GENERATION_LOGITS", "BATCH_INDEX", "SEQUENCE_INDEX",
     "NUM_INPUT_TOKENS", "NUM_OUTPUT_TOKENS", "KV_CACHE_ALLOC_NEW_BLOCKS", "KV_CACHE_REUSED_BLOCKS",
     "KV_CACHE_ALLOC_TOTAL_BLOCKS", "ARRIVAL_TIME_NS", "FIRST_SCHEDULED_TIME_NS", "FIRST_TOKEN_TIME_NS",
-    "LAST_TOKEN_TIME_NS", "SERVED_VERSION",
+    "LAST_TOKEN_TIME_NS", "ACCEPTANCE_RATE", "TOTAL_ACCEPTED_DRAFT_TOKENS", "TOTAL_DRAFT_TOKENS", "SERVED_VERSION",
 )
 
 
@@ -34,9 +35,17 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            if request.is_cancelled():
+            final = _input(request, "STREAM_FINAL")
+            # A final response's engine request is over (always so when not decoupled): nothing to stop.
+            if request.is_cancelled() and final is not None and not bool(final.reshape(-1)[0]):
                 self._stop_engine_request(_input(request, "REQUEST_KEY"))
-        return [pb_utils.InferenceResponse(output_tensors=self._process(r)) for r in requests]
+        return [self._respond(r) for r in requests]
+
+    def _respond(self, request):
+        try:
+            return pb_utils.InferenceResponse(output_tensors=self._process(request))
+        except InvalidRequestError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
 
     def _stop_engine_request(self, key):
         """Triton marks only the ensemble's new composing requests cancelled, not tensorrt_llm's in-flight one: the

@@ -42,6 +42,8 @@ class TritonPythonModel:
         self.llm = router.llm_model
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "served_version"]
+        # Not decoupled (decoupled_mode false): one response per request, every sequence in it (one final).
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.routing = RoutingFile(router.routing_file, Router(RoutingTable({1: 100}, stable=1)))
         self.routing.refresh()
         if self.routing.last_error:
@@ -90,7 +92,8 @@ class TritonPythonModel:
         session, pin_input = arrays.get("session_id"), arrays.get("pin_version")
         key = routing_key(params, None if session is None else session.reshape(-1)[0].decode())
         pin = pinned_version(params, None if pin_input is None else int(pin_input.reshape(-1)[0]))
-        finals = expected_finals(arrays["input_ids"].shape[0], arrays.get("num_return_sequences"))
+        finals = (expected_finals(arrays["input_ids"].shape[0], arrays.get("num_return_sequences"))
+                  if self.decoupled else 1)
         streaming = arrays.get("streaming")
         timed = finals == 1 and streaming is not None and bool(streaming.reshape(-1)[0])  # TTFT / ITL measurable
         unavailable = frozenset()
@@ -123,8 +126,8 @@ class TritonPythonModel:
         served = np.full((1, 1), version, dtype=np.int32)
         try:
             with self.ipc:
-                responses = llm_request.exec(decoupled=True)
-            for response in responses:
+                responses = llm_request.exec(decoupled=self.decoupled)
+            for response in (responses if self.decoupled else [responses]):
                 if fwd.complete:
                     continue  # the version's own empty final after the last one forwarded
                 if response.has_error():
@@ -148,7 +151,7 @@ class TritonPythonModel:
                 return Outcome.GONE
             raise
         if fwd.needs_final():
-            self._send(sender, None)
+            self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
         return Outcome.OK
 
     def _stop(self, key, inputs, sender):
@@ -159,13 +162,13 @@ class TritonPythonModel:
                                              requested_output_names=[])
             try:
                 with self.ipc:
-                    responses = stop.exec(decoupled=True)
-                for response in responses:
+                    responses = stop.exec(decoupled=self.decoupled)
+                for response in (responses if self.decoupled else [responses]):
                     if response.has_error():
                         pb_utils.Logger.log_warn(f"router: stop on version {version}: {response.error().message()}")
             except pb_utils.TritonModelException as exc:
                 pb_utils.Logger.log_warn(f"router: stop on version {version}: {exc}")
-        self._send(sender, None)
+        self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
 
     def _gone(self, version):
         with self.ipc:

@@ -1,11 +1,12 @@
 """Triton adapter for the in-flight-batched LLM: requests go to the engine's thread, responses stream back.
 
-Decoupled: each request gets its responses through its response sender, from the engine thread; execute()
-returns at once. The engine, its scheduler and the tensor contract live in backend/ (unit-tested without Triton).
+Each request gets its responses through its response sender, from the engine thread; execute() returns at once.
+Decoupled (`decoupled_mode` true) it streams; otherwise it sends exactly one response per request (KServe unary
+inference; backend/serving/response_group.py). The engine, its scheduler and the tensor contract live in backend/
+(unit-tested without Triton).
 """
 import json
 import secrets
-import threading
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -22,6 +23,7 @@ from backend.policy.request_context import request_context
 from backend.policy.tenants import load_limits
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.parameters import ModelParameters, ServingConfig
+from backend.serving.response_group import ResponseGroup, RowError
 from backend.serving.tenant_metrics import TenantMetrics
 from backend.serving.triton_io import RowStream, parse_request
 from backend.serving.triton_metrics import NoMetrics, TritonMetrics
@@ -29,36 +31,34 @@ from backend.serving.triton_metrics import NoMetrics, TritonMetrics
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
+def _error_response(error: RowError):
+    code = getattr(pb_utils.TritonError, error.code)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message, code))
+
+
 def _send_error(sender, message: str, code) -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=_FINAL)
 
 
-class _ResponseGroup:
-    """The rows of one Triton request share its sender; the last row to finish sends the FINAL flag."""
+def _sender_send(sender):
+    """ResponseGroup's send callback over a Triton response sender."""
 
-    def __init__(self, sender, rows: int, on_done) -> None:
-        self.sender = sender
-        self.remaining = rows
-        self.on_done = on_done
-        self.lock = threading.Lock()
+    def send(response, final: bool) -> None:
+        if isinstance(response, RowError):
+            response = _error_response(response)
+        elif response is not None:
+            response = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in response.items()])
+        sender.send(response, flags=_FINAL if final else 0)
 
-    def send(self, response, row_done: bool) -> None:
-        with self.lock:
-            if row_done:
-                self.remaining -= 1
-            last = self.remaining == 0
-            if response is None and not last:
-                return
-            self.sender.send(response, flags=_FINAL if last else 0)
-        if last:
-            self.on_done()
+    return send
 
 
 class _RowSink:
-    """engine_loop.OutputSink for one batch row."""
+    """engine_loop.OutputSink for one row (a batch row, or one of its num_return_sequences)."""
 
-    def __init__(self, group: _ResponseGroup, stream: RowStream, metrics: TritonMetrics, lease: Lease) -> None:
+    def __init__(self, group: ResponseGroup, sender, stream: RowStream, metrics: TritonMetrics, lease: Lease) -> None:
         self.group = group
+        self.sender = sender
         self.stream = stream
         self.metrics = metrics
         self.lease = lease  # admission ticket (released when the row ends) and deadline
@@ -68,32 +68,27 @@ class _RowSink:
         if output.finished:
             self.metrics.observe_finished(output)
         if output.finish_reason is FinishReason.CANCELLED and self.lease.timed_out:
-            error = pb_utils.TritonError(self.lease.timeout_message(), pb_utils.TritonError.UNAVAILABLE)
-            self.group.send(pb_utils.InferenceResponse(error=error), row_done=True)
+            self.group.send(RowError(self.lease.timeout_message(), "UNAVAILABLE"), row_done=True)
             return
-        if output.finish_reason is FinishReason.CANCELLED and self.group.sender.is_cancelled():
-            error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
-            self.group.send(pb_utils.InferenceResponse(error=error), row_done=True)
+        if output.finish_reason is FinishReason.CANCELLED and self.sender.is_cancelled():
+            self.group.send(RowError("request cancelled", "CANCELLED"), row_done=True)
             return
-        tensors = self.stream.on_output(output)
-        response = None
-        if tensors is not None:
-            response = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in tensors.items()])
-        self.group.send(response, row_done=output.finished)
+        self.group.send(self.stream.on_output(output), row_done=output.finished)
 
     def fail(self, error: Exception) -> None:
         self.lease.on_fail()
-        code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidRequestError) else pb_utils.TritonError.INTERNAL
-        self.group.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code)), row_done=True)
+        code = "INVALID_ARG" if isinstance(error, InvalidRequestError) else "INTERNAL"
+        self.group.send(RowError(str(error), code), row_done=True)
 
     def cancelled(self) -> bool:
-        return self.group.sender.is_cancelled() or self.lease.expired()
+        return self.sender.is_cancelled() or self.lease.expired() or self.group.failed
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.input_names = [i["name"] for i in config["input"]]
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.serving = ServingConfig.from_parameters(ModelParameters.from_model_config(config))
         # A version folder with an artifact.json serves its own build (backend/formats/versions.py).
         artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
@@ -108,7 +103,9 @@ class TritonPythonModel:
         self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
                                else NoMetrics())
         self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self._publish)
-        # Triton request id -> engine request ids, for the anchor's `stop` input.
+        # request_key -> its engine request ids, for `stop`; Triton request id -> request_key only where the unsafe
+        # stop_by_request_id parameter allows stopping by request id.
+        self.by_key = {}
         self.by_triton_id = {}
 
     def execute(self, requests):
@@ -123,7 +120,7 @@ class TritonPythonModel:
                 self._stop(request.request_id(), inputs.get("request_key"), sender)
                 continue
             try:
-                rows = parse_request(inputs, self.serving.exclude_input_in_output)
+                rows = parse_request(inputs, self.serving.exclude_input_in_output, self.decoupled)
                 context = request_context(request.parameters(), self.tenancy.tenant_header)
             except InvalidRequestError as exc:
                 _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -150,31 +147,44 @@ class TritonPythonModel:
         self.tenant_metrics.update(self.admission.snapshot())
 
     def _submit(self, triton_id, sender, rows, leases):
-        # Engine request ids are random 63-bit keys, sent back as `request_key` so a later request can stop them.
-        keys = [secrets.randbits(63) for _ in rows]
-        ids = [str(key) for key in keys]
-        if triton_id:
-            self.by_triton_id[triton_id] = ids
-        group = _ResponseGroup(sender, len(rows), lambda: self._forget(triton_id, ids))
-        for engine_id, key, row, lease in zip(ids, keys, rows, leases):
+        # One random 63-bit key per Triton request, returned as `request_key`: only who holds it can `stop` it.
+        key = secrets.randbits(63)
+        ids = [f"{key}.{i}" for i in range(len(rows))]
+        self.by_key[key] = ids
+        if triton_id and self.serving.stop_by_request_id:
+            self.by_triton_id[triton_id] = key
+        pad_id = rows[0].sampling.pad_id
+        group = ResponseGroup(len(rows), self.decoupled, _sender_send(sender), lambda: self._forget(triton_id, key),
+                              pad_id=-1 if pad_id is None else pad_id)
+        for engine_id, row, lease in zip(ids, rows, leases):
             tenant = lease.ticket.tenant  # tier -> scheduler priority; salted tenants share no cached blocks
             request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
                               priority=tenant.priority)
-            self.loop.submit(request, _RowSink(group, RowStream(row, key), self.metrics, lease))
+            self.loop.submit(request, _RowSink(group, sender, RowStream(row, key), self.metrics, lease))
 
-    def _forget(self, triton_id, ids):
-        if triton_id and self.by_triton_id.get(triton_id) is ids:
+    def _forget(self, triton_id, key):
+        self.by_key.pop(key, None)
+        if triton_id and self.by_triton_id.get(triton_id) == key:
             del self.by_triton_id[triton_id]
 
     def _stop(self, triton_id, request_key, sender):
-        """The anchor's `stop`: end the requests sent with this Triton request id, or the one with this
-        `request_key` (how postprocessing stops a request whose ensemble request was cancelled)."""
-        ids = self.by_triton_id.pop(triton_id, []) if triton_id else []
-        if request_key is not None:
-            ids = ids + [str(int(k)) for k in request_key.reshape(-1)]
-        for engine_id in ids:
-            self.loop.cancel(engine_id)
-        sender.send(None, flags=_FINAL)
+        """`stop`: end the request whose `request_key` this is (postprocessing stops a cancelled ensemble request
+        so). By Triton request id (the anchor's flow) only where the unsafe stop_by_request_id parameter is set:
+        a request id is no secret, so anyone could end anyone's stream."""
+        if request_key is not None and request_key.size:
+            keys = [int(k) for k in request_key.reshape(-1)]
+        elif self.serving.stop_by_request_id and triton_id:
+            keys = [self.by_triton_id[triton_id]] if triton_id in self.by_triton_id else []
+        else:
+            _send_error(sender, "stop needs request_key: the key returned with the request's responses (stopping "
+                        "by request id is off; the tensorrt_llm parameter stop_by_request_id turns it on, unsafely)",
+                        pb_utils.TritonError.INVALID_ARG)
+            return
+        for key in keys:
+            for engine_id in self.by_key.get(key, []):
+                self.loop.cancel(engine_id)
+        # As the anchor: a final response without tensors (unary: an empty response, which must carry one).
+        sender.send(None if self.decoupled else pb_utils.InferenceResponse([]), flags=_FINAL)
 
     def finalize(self):
         self.loop.shutdown()

@@ -46,7 +46,6 @@ from client.sse import parse_sse, parse_sse_json
         ({"top_k": 2.0}, "top_k"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": -0.1}, "top_p"),
-        ({"top_p": 0.0}, "top_p"),
         ({"seed": -1}, "seed"),
         ({"seed": UINT64_MAX + 1}, "seed"),
         ({"end_id": -1}, "end_id"),

@@ -16,12 +16,8 @@ def _names(config: str, section: str) -> list[str]:
 
 
 @pytest.fixture
-def repo(tmp_path):
-    engine, tokenizer = tmp_path / "engine", tmp_path / "tok"
-    engine.mkdir()
-    tokenizer.mkdir()
-    (engine / "config.json").write_text("{}")
-    (tokenizer / "tokenizer.json").write_text("{}")
+def repo(tmp_path, fake_model):
+    engine, tokenizer = fake_model
     return render_canary(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer), tmp_path / "repo")
 
 

@@ -77,8 +77,26 @@ def test_texts_without_context_decode_the_tokens(post, pre):
     tokens[0, 0, : len(ids)] = ids
     tokens[1, 0, :2] = ids[:2]
     out = post.texts(tokens, np.array([[len(ids)], [2]]), None, None)
-    assert out.shape == (2, 1)
-    assert out[0, 0] == TEXT.encode() and out[1, 0] == pre.tokenizer.decode(ids[:2]).encode()
+    assert out.shape == (2,)  # flat, one entry per (row, beam), as the anchor's OUTPUT
+    assert out[0] == TEXT.encode() and out[1] == pre.tokenizer.decode(ids[:2]).encode()
+
+
+@pytest.mark.parametrize("tokens, lengths, message", [
+    ([[[5, -3]]], [[2]], r"TOKENS_BATCH holds token ids outside the tokenizer's vocabulary \[0, \d+\): \[-3\]"),
+    ([[[5, 2**30]]], [[2]], "TOKENS_BATCH holds token ids outside"),
+    ([[[5, 6]]], [[3]], r"SEQUENCE_LENGTH values must be in \[0, 2\]"),
+    ([[[5, 6]]], [[-1]], r"SEQUENCE_LENGTH values must be in \[0, 2\]"),
+    ([[5, 6]], [[2]], r"TOKENS_BATCH must have shape \[batch, beams, tokens\]"),
+    ([[[5, 6]]], [[1, 1]], r"SEQUENCE_LENGTH must have shape \[1, 1\]"),
+])
+def test_texts_refuse_what_cannot_be_decoded(post, tokens, lengths, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        post.texts(np.array(tokens, dtype=np.int32), np.array(lengths, dtype=np.int32), None, None)
+
+
+def test_ids_past_the_sequence_length_are_not_checked(post):
+    out = post.texts(np.array([[[5, -1, -1]]], dtype=np.int32), np.array([[1]]), None, None)  # -1: padding
+    assert out.shape == (1,)
 
 
 def test_texts_with_context_stream_the_exact_text(post, pre):
@@ -88,7 +106,7 @@ def test_texts_with_context_stream_the_exact_text(post, pre):
     for i, token in enumerate(ids):
         context = np.array(ids[max(0, i - 8) : i], dtype=np.int32).reshape(1, 1, -1)
         final = np.array([[i == len(ids) - 1]])
-        pieces.append(post.texts(np.array([[[token]]], dtype=np.int32), np.array([[1]]), context, final)[0, 0])
+        pieces.append(post.texts(np.array([[[token]]], dtype=np.int32), np.array([[1]]), context, final)[0])
     assert "".join(p.decode("utf-8") for p in pieces) == TEXT  # each response is valid UTF-8 on its own
 
 
@@ -97,3 +115,20 @@ def test_prompt_bytes_limit_is_checked_before_tokenizing(pre):
     assert limited.encode_query(b"def f():")
     with pytest.raises(InvalidRequestError, match=r"text_input is 9 bytes, more than the limit \(8\)"):
         limited.encode_query("def f(): ")
+
+
+def test_word_lists_have_a_size_limit_checked_before_tokenizing(pre):
+    with pytest.raises(InvalidRequestError, match=r"stop_words is 1000000 bytes, more than the limit \(4096\)"):
+        pre.word_lists([[b"x" * 1_000_000]], 1, "stop_words")
+
+
+def test_empty_words_mean_no_words(pre):
+    assert pre.word_lists([[b""]], 1, "bad_words").tolist() == [[[0], [-1]]]
+
+
+def test_a_decoder_only_model_has_no_decoder_input(pre):
+    ids, lengths = pre.no_decoder_input(None, 2)
+    assert ids.shape == (2, 0) and lengths.tolist() == [[0], [0]]
+    assert pre.no_decoder_input(np.array([[b""]], dtype=object), 1)[0].shape == (1, 0)
+    with pytest.raises(InvalidRequestError, match="decoder_text_input .* is for encoder-decoder models"):
+        pre.no_decoder_input(np.array([[b"hello"]], dtype=object), 1)

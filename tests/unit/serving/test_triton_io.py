@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from backend.engine.interface import RequestOutput
+from backend.engine.interface import PerfMetrics, RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import FinishReason
 from backend.errors import InvalidRequestError
@@ -82,10 +82,20 @@ def test_defaults_when_optional_inputs_are_absent():
         ({"return_generation_logits": scalar(True, bool)}, "return_generation_logits is not supported"),
         ({"embedding_bias": np.ones((1, 4), dtype=np.float32)}, "'embedding_bias' is not supported"),
         ({"runtime_top_p": scalar(1.5, np.float32)}, r"top_p must be in \(0, 1\], got 1.5"),
-        ({"runtime_top_p": scalar(0.0, np.float32)}, r"top_p must be in \(0, 1\], got 0.0"),
+        ({"runtime_top_p": scalar(float("nan"), np.float32)}, "runtime_top_p must be a finite number"),
+        ({"presence_penalty": scalar(float("inf"), np.float32)}, "presence_penalty must be a finite number"),
+        ({"frequency_penalty": scalar(-float("inf"), np.float32)}, "frequency_penalty must be a finite number"),
+        ({"min_tokens": scalar(3), "min_length": scalar(4)}, r"min_tokens \(3\) and min_length \(4"),
+        ({"decoder_input_ids": np.array([[7, 8]], dtype=np.int32)}, "decoder_input_ids is for encoder-decoder"),
+        ({"decoder_input_ids": np.array([[7]], dtype=np.int32), "pad_id": scalar(2)}, "decoder-only"),
+        ({"decoder_input_lengths": scalar(2)}, "decoder_input_lengths is 2 but decoder_input_ids is empty"),
+        ({"prompt_embedding_table": np.ones((1, 2, 4), dtype=np.float16)}, "'prompt_embedding_table' is not supp"),
+        ({"prompt_vocab_size": scalar(4)}, "'prompt_vocab_size' is not supported"),
+        ({"prompt_table_extra_ids": np.ones((1, 3), dtype=np.uint64)}, "'prompt_table_extra_ids' is not supported"),
+        ({"stop_words_list": word_list([[5]] * 1025, 1025)}, r"stop_words holds 1025 token ids, more than the limit"),
         ({"temperature": scalar(-1.0, np.float32)}, "temperature must be >= 0"),
         ({"request_output_len": scalar(0)}, "max_tokens must be > 0"),
-        ({"len_penalty": scalar(0.5, np.float32)}, "len_penalty applies to beam search only"),
+        ({"len_penalty": scalar(-0.5, np.float32)}, "length_penalty must be >= 0"),
         ({"input_lengths": scalar(4)}, r"input_lengths \(4\) must be in \[1, 3\]"),
         ({"input_lengths": scalar(0)}, r"input_lengths \(0\) must be in \[1, 3\]"),
         ({"temperature": np.array([[1.0, 0.5]], dtype=np.float32)}, "one value per batch row"),
@@ -118,7 +128,7 @@ PROMPT = (11, 12, 13)
 def stream(streaming: bool, exclude_input: bool = True, **sampling) -> RowStream:
     row = ParsedRow(PROMPT, SamplingParams(max_tokens=20, **sampling), streaming=streaming,
                     exclude_input_in_output=exclude_input, return_num_input_tokens=True, return_num_output_tokens=True)
-    return RowStream(dataclasses.replace(row, batch_index=3))
+    return RowStream(dataclasses.replace(row, batch_index=3, batch_size=4))
 
 
 def outputs(tokens: list[int], log_probs: list[float] | None = None) -> list[RequestOutput]:
@@ -128,6 +138,10 @@ def outputs(tokens: list[int], log_probs: list[float] | None = None) -> list[Req
                           FinishReason.LENGTH if i == last else None, len(PROMPT), i + 1,
                           sum(log_probs[: i + 1]) if log_probs else None)
             for i, t in enumerate(tokens)]
+
+
+PERF = PerfMetrics(kv_cache_alloc_new_blocks=1, kv_cache_reused_blocks=0, kv_cache_alloc_total_blocks=1,
+                   arrival_time_ns=5, first_scheduled_time_ns=6, first_token_time_ns=7, last_token_time_ns=8)
 
 
 def responses(rs: RowStream, outs: list[RequestOutput]) -> list[dict[str, np.ndarray]]:
@@ -142,8 +156,9 @@ def test_streaming_emits_each_token_with_the_ids_sent_before_it():
         assert r["stream_context_ids"].tolist() == [[tokens[:i][-CONTEXT_TOKENS:]]]
         assert r["sequence_length"].tolist() == [[1]]
         assert r["stream_final"].tolist() == [[i == len(tokens) - 1]]
-        assert r["batch_index"].tolist() == [[3]] and r["sequence_index"].tolist() == [[0]]
-        assert r["num_input_tokens"].tolist() == [[3]] and r["num_output_tokens"].tolist() == [[i + 1]]
+        assert r["batch_index"].tolist() == [[3]] and "sequence_index" not in r  # one sequence: as the anchor
+        # Each streamed response counts its own tokens (TensorRT-LLM PR 5445): a client sums them.
+        assert r["num_input_tokens"].tolist() == [[3]] and r["num_output_tokens"].tolist() == [[1]]
 
 
 def test_non_streaming_emits_once_at_the_end():
@@ -155,11 +170,53 @@ def test_non_streaming_emits_once_at_the_end():
     assert final["stream_final"].tolist() == [[True]] and final["stream_context_ids"].shape == (1, 1, 0)
 
 
-@pytest.mark.parametrize("streaming", [True, False])
-def test_without_exclude_input_the_prompt_comes_first(streaming):
-    sent = responses(stream(streaming=streaming, exclude_input=False), outputs([100, 101]))
-    assert [t for r in sent for t in r["output_ids"].reshape(-1).tolist()] == [*PROMPT, 100, 101]
-    assert sent[0]["output_ids"].reshape(-1).tolist()[:3] == list(PROMPT)
+def test_without_exclude_input_a_non_streamed_output_starts_with_the_prompt():
+    (sent,) = responses(stream(streaming=False, exclude_input=False), outputs([100, 101]))
+    assert sent["output_ids"].reshape(-1).tolist() == [*PROMPT, 100, 101]
+    assert sent["num_output_tokens"].tolist() == [[5]]  # as the anchor: the tokens of output_ids, prompt included
+
+
+def test_a_streamed_output_never_holds_the_prompt():
+    """As the anchor: its streaming clients prepend the prompt themselves."""
+    sent = responses(stream(streaming=True, exclude_input=False), outputs([100, 101]))
+    assert [r["output_ids"].reshape(-1).tolist() for r in sent] == [[100], [101]]
+
+
+def test_one_row_request_has_no_batch_index_and_perf_has_the_speculative_outputs():
+    row = ParsedRow(PROMPT, SamplingParams(max_tokens=2), streaming=False, exclude_input_in_output=True,
+                    return_perf_metrics=True)
+    (sent,) = responses(RowStream(row), [dataclasses.replace(o, perf=PERF) for o in outputs([100, 101])])
+    assert "batch_index" not in sent and "sequence_index" not in sent
+    assert sent["acceptance_rate"].dtype == np.float32 and sent["acceptance_rate"].tolist() == [[0.0]]
+    assert sent["total_draft_tokens"].tolist() == [[0]] and sent["total_accepted_draft_tokens"].tolist() == [[0]]
+    assert sent["arrival_time_ns"].dtype == np.int64 and sent["kv_cache_reused_blocks"].dtype == np.int32
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_top_p_zero_or_less_means_no_top_p_limit(value):
+    (row,) = parse_request(request(runtime_top_p=scalar(value, np.float32), runtime_top_k=scalar(1)), True)
+    assert row.sampling.top_p is None and row.sampling.greedy
+
+
+def test_min_length_is_min_tokens_old_name():
+    (row,) = parse_request(request(min_length=scalar(7)), True)
+    assert row.sampling.min_tokens == 7
+
+
+@pytest.mark.parametrize("ids", [np.zeros((1, 0), dtype=np.int32), np.array([[2]], dtype=np.int32)])
+def test_decoder_inputs_meaning_none_are_accepted(ids):
+    """Our preprocessing's empty DECODER_INPUT_ID, and the anchor preprocessing's one pad id."""
+    (row,) = parse_request(request(decoder_input_ids=ids, pad_id=scalar(2)), True)
+    assert row.prompt_ids == (11, 12, 13)
+
+
+def test_unary_refuses_streaming_and_several_rows():
+    with pytest.raises(InvalidRequestError, match="streaming needs the decoupled model"):
+        parse_request(request(streaming=scalar(True, bool)), True, decoupled=False)
+    two = request(input_ids=np.array([[1], [2]], dtype=np.int32), input_lengths=np.array([1, 1], dtype=np.int32),
+                  request_output_len=np.array([2, 2], dtype=np.int32))
+    with pytest.raises(InvalidRequestError, match="2 batch rows needs the decoupled model"):
+        parse_request(two, True, decoupled=False)
 
 
 def test_end_id_finish_sends_a_final_empty_response():

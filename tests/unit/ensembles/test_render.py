@@ -1,0 +1,39 @@
+"""ensembles/render.py and the CLI: decoupled_mode, logits_datatype and stop_by_request_id render into every model
+that has them; tensorrt_llm_bls is rendered beside the ensemble."""
+from __future__ import annotations
+
+import pytest
+
+from ensembles.canary_render import render_canary
+from ensembles.cli import _parser
+from ensembles.render import RepoSpec, render
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_decoupled_mode_renders_into_the_llm_and_bls_models(fake_model, tmp_path, decoupled):
+    engine, tokenizer = fake_model
+    repo = render(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, decoupled_mode=decoupled,
+                           logits_datatype="TYPE_FP16", stop_by_request_id=True), tmp_path / "repo")
+    line = f"model_transaction_policy {{ decoupled: {'true' if decoupled else 'false'} }}"
+    for model in ("tensorrt_llm", "tensorrt_llm_bls"):
+        assert line in (repo / model / "config.pbtxt").read_text()
+    llm = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert '{ name: "context_logits" data_type: TYPE_FP16 dims: [ -1, -1 ] }' in llm
+    assert '"stop_by_request_id" value: { string_value: "true" }' in llm
+    assert (repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
+    assert (repo / "tensorrt_llm_bls" / "tritonllm_env.py").is_file()
+    router = (render_canary(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, decoupled_mode=decoupled),
+                            tmp_path / "canary") / "router" / "config.pbtxt").read_text()
+    assert line in router
+
+
+def test_logits_datatype_is_checked(fake_model):
+    with pytest.raises(ValueError, match="logits_datatype must be one of TYPE_FP32, TYPE_FP16, TYPE_BF16"):
+        RepoSpec(engine_dir=fake_model[0], tokenizer_dir=fake_model[1], logits_datatype="FP32")
+
+
+def test_cli_takes_decoupled_mode():
+    args = _parser().parse_args(["serve", "--demo", "--decoupled-mode", "false", "--stop-by-request-id", "true"])
+    assert args.decoupled_mode is False and args.stop_by_request_id is True
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["render", "--decoupled-mode", "maybe"])
