@@ -13,7 +13,9 @@ import torch
 
 from backend.engine.memory_plan import KVPlan, plan_kv_cache
 from backend.formats.checkpoint import LM_HEAD, LN_F, VOCAB_EMBEDDING, Mapping, QuantConfig, TrtllmCheckpointConfig
+from backend.formats.checkpoint_tensors import expected_shapes
 from backend.formats.rank_layout import RankPosition, check_tp, kv_heads_per_rank, pp_layers
+from backend.model.config import position_limit
 from build_engines.shard import COLUMN_PARALLEL, ROW_PARALLEL, shard_weights
 from build_engines.spec import BuildSpec, SpecError
 
@@ -100,9 +102,10 @@ def _check_split(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> None:
             if width % (spec.group_size * spec.tp_size):
                 raise SpecError(f"int4_awq: {name} {width} does not split into groups of {spec.group_size} on each of "
                                 f"{spec.tp_size} tensor-parallel ranks; lower group_size or tp_size")
-    if spec.limits.max_seq_len > cfg.max_position_embeddings:
+    limit = position_limit(cfg)
+    if limit is not None and spec.limits.max_seq_len > limit:
         raise SpecError(f"limits.max_seq_len ({spec.limits.max_seq_len}) exceeds the model's max_position_embeddings "
-                        f"({cfg.max_position_embeddings}): lower it")
+                        f"({limit}): lower it")
 
 
 def meta_weights(cfg: TrtllmCheckpointConfig) -> dict[str, torch.Tensor]:
@@ -113,7 +116,7 @@ def meta_weights(cfg: TrtllmCheckpointConfig) -> dict[str, torch.Tensor]:
     dtype = getattr(torch, cfg.dtype)
     algo = cfg.quantization.quant_algo
     out = {}
-    for name, shape in cfg.expected_shapes().items():
+    for name, shape in expected_shapes(cfg).items():
         linear = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
         if algo is None or name in (VOCAB_EMBEDDING, LN_F, LM_HEAD) or linear not in _LINEAR_NAMES:
             out[name] = torch.empty(shape, dtype=dtype, device="meta")
