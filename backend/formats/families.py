@@ -30,16 +30,16 @@ class FamilyRule:
 
 
 FAMILIES: dict[str, FamilyRule] = {
-    "LlamaForCausalLM": FamilyRule(("silu",), why="Llama (attention/MLP biases are not supported)"),
-    "MistralForCausalLM": FamilyRule(("silu",), why="Mistral has no biases"),
+    "LlamaForCausalLM": FamilyRule(("silu",), why="Llama: SiLU gated MLP; attention and MLP biases not supported"),
+    "MistralForCausalLM": FamilyRule(("silu",), why="Mistral: SiLU gated MLP, no biases"),
     "Qwen2ForCausalLM": FamilyRule(("silu",), attn_bias=(True,), qwen_type=("qwen2",),
-                                   why="Qwen2 always has q/k/v biases and no o_proj bias"),
+                                   why="Qwen2: SiLU gated MLP, q/k/v biases, no o_proj bias"),
     "Qwen3ForCausalLM": FamilyRule(("silu",), qk_layernorm=(True,), qwen_type=("qwen3",),
-                                   why="TRT-LLM's Qwen3 has q/k RMSNorm and no attention bias"),
+                                   why="Qwen3: SiLU gated MLP, q/k RMSNorm, no attention bias"),
     "Gemma2ForCausalLM": FamilyRule(("gelu_pytorch_tanh",), gemma2=True,
-                                    why="Gemma 2 has sandwich norms, soft-capping and no biases"),
+                                    why="Gemma 2: GeLU-tanh gated MLP, sandwich norms, soft-capping, no biases"),
     "Phi3ForCausalLM": FamilyRule(("swiglu",), position_embedding_type=("rope_gpt_neox", "long_rope"),
-                                  partial_rotary=True, why="Phi-3 has fused qkv and gate/up projections, no biases"),
+                                  partial_rotary=True, why="Phi-3: fused qkv and SwiGLU gate/up, no biases"),
 }
 
 

@@ -35,6 +35,9 @@ def _family_keys(family: Family, hf) -> dict:
     if kind in ("qwen2", "qwen3"):
         return dict(qwen_type=kind, attn_bias=kind == "qwen2", qk_layernorm=kind == "qwen3")
     if kind == "gemma2":
+        if hf.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(f"Gemma2ForCausalLM: hidden_activation {hf.hidden_activation!r} is not supported (only "
+                             f"'gelu_pytorch_tanh')")
         return dict(hidden_act=hf.hidden_activation, share_embedding_table=True,
                     gemma2=Gemma2Keys(hf.query_pre_attn_scalar, hf.attn_logit_softcapping,
                                       hf.final_logit_softcapping))
