@@ -90,12 +90,12 @@ class Gemma2Keys:
     inter_layernorms: bool = True
 
     def __post_init__(self) -> None:
-        if self.query_pre_attn_scalar <= 0:
-            raise ValueError(f"query_pre_attn_scalar must be > 0, got {self.query_pre_attn_scalar}")
+        if not isinstance(self.query_pre_attn_scalar, (int, float)) or self.query_pre_attn_scalar <= 0:
+            raise ValueError(f"query_pre_attn_scalar must be a number > 0, got {self.query_pre_attn_scalar!r}")
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be > 0 or null, got {value}")
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{name} must be a number > 0 or null, got {value!r}")
 
 
 @dataclass(frozen=True)
