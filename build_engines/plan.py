@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.engine.memory_plan import KVPlan, plan_kv_cache
+from backend.engine.memory_plan import KVPlan, plan_kv_cache, sequence_kv_tokens
 from backend.formats.checkpoint import LM_HEAD, LN_F, VOCAB_EMBEDDING, Mapping, QuantConfig, TrtllmCheckpointConfig
 from backend.formats.checkpoint_tensors import expected_shapes
 from backend.formats.rank_layout import RankPosition, check_tp, kv_heads_per_rank, pp_layers
@@ -37,6 +37,7 @@ class MemoryPlan:
     ranks: list[RankPlan]
     device_bytes: int
     fraction: float
+    sequence_tokens: int  # KV tokens one max_seq_len sequence holds at once (fewer with a sliding window everywhere)
 
     @property
     def kv_tokens(self) -> int:
@@ -55,6 +56,7 @@ class MemoryPlan:
 
     def to_dict(self) -> dict:
         return {"device_bytes": self.device_bytes, "fraction": self.fraction, "kv_tokens": self.kv_tokens,
+                "sequence_tokens": self.sequence_tokens,
                 "ranks": [{"rank": r.rank, "layers": r.layers, "weight_bytes": r.weight_bytes,
                            "kv_bytes_per_token": r.kv_bytes_per_token, "kv_tokens": r.kv.tokens,
                            "kv_reason": r.kv.reason} for r in self.ranks]}
@@ -86,7 +88,8 @@ def plan_memory(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> MemoryPlan:
                             f"quantize the weights or the KV cache (kv_cache: fp8)") from None
         ranks.append(RankPlan(rank, len(pos.layers(cfg.num_hidden_layers)), weight_bytes,
                               kv.bytes_per_token, kv))
-    return MemoryPlan(ranks, spec.memory.device_bytes, spec.memory.kv_cache_free_mem_fraction)
+    return MemoryPlan(ranks, spec.memory.device_bytes, spec.memory.kv_cache_free_mem_fraction,
+                      sequence_kv_tokens(cfg, engine))
 
 
 def _check_split(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> None:
@@ -98,7 +101,9 @@ def _check_split(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> None:
         raise SpecError(f"pp_size {spec.pp_size} exceeds the model's {cfg.num_hidden_layers} layers: every pipeline "
                         f"stage needs one; set pp_size <= {cfg.num_hidden_layers}")
     if spec.quant_algo == "W4A16_AWQ":
-        for name, width in (("hidden_size", cfg.hidden_size), ("intermediate_size", cfg.intermediate_size)):
+        attn_width = cfg.num_attention_heads * cfg.head_size  # attention.dense's input (!= hidden for Gemma 2)
+        for name, width in (("hidden_size", cfg.hidden_size), ("intermediate_size", cfg.intermediate_size),
+                            ("num_attention_heads x head_size", attn_width)):
             if width % (spec.group_size * spec.tp_size):
                 raise SpecError(f"int4_awq: {name} {width} does not split into groups of {spec.group_size} on each of "
                                 f"{spec.tp_size} tensor-parallel ranks; lower group_size or tp_size")
