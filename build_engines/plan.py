@@ -141,10 +141,13 @@ def meta_weights(cfg: TrtllmCheckpointConfig) -> dict[str, torch.Tensor]:
 
 
 def _rank_view(cfg: TrtllmCheckpointConfig, pos: RankPosition) -> TrtllmCheckpointConfig:
-    """The model as one rank sees it, for KV sizing: its stage's layers and its share of the (KV) heads."""
-    tp = pos.tp_size
+    """The model as one rank sees it, for KV sizing: its stage's layers (and their windows) and its share of the
+    (KV) heads."""
+    tp, layers = pos.tp_size, pp_layers(cfg.num_hidden_layers, pos.pp_size, pos.pp_rank)
+    types = None if cfg.layer_types is None else tuple(cfg.layer_types[i] for i in layers)
     return dataclasses.replace(
-        cfg, num_hidden_layers=len(pp_layers(cfg.num_hidden_layers, pos.pp_size, pos.pp_rank)),
+        cfg, num_hidden_layers=len(layers), layer_types=types,
+        sliding_window=cfg.sliding_window if types and "sliding_attention" in types else None,
         num_attention_heads=cfg.num_attention_heads // tp,
         num_key_value_heads=kv_heads_per_rank(cfg.num_key_value_heads, tp), mapping=Mapping())
 

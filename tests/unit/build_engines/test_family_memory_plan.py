@@ -61,3 +61,16 @@ def test_real_configs_convert_with_their_families_keys():
     assert llama.rotary_scaling["type"] == "llama3" and llama.eos_token_id == 128001
     assert real_checkpoint_config("Qwen2.5-7B").layer_types is None  # use_sliding_window false: no window
     assert set(REAL_CONFIGS) >= {"Llama-3.1-8B", "Mistral-7B-v0.3", "Qwen2.5-7B", "Gemma-2-9B"}
+
+
+@pytest.mark.parametrize("model", ["Mistral-7B-v0.1", "Gemma-2-9B"])
+def test_pipeline_stages_keep_their_layers_windows(model):
+    from build_engines.plan import plan_memory
+    from build_engines.spec import BuildSpec, MemoryBudget
+
+    spec = BuildSpec(name="p", source=model, pp_size=2, memory=MemoryBudget(device_memory_gib=24),
+                     limits=Limits(max_batch_size=8, max_input_len=4096, max_seq_len=8192, max_num_tokens=2048))
+    plan = plan_memory(real_checkpoint_config(model), spec)
+    assert [r.layers for r in plan.ranks] == ([16, 16] if model.startswith("Mistral") else [21, 21])
+    assert plan.ranks[0].kv_bytes_per_token * 2 == plan_row(model, "bf16", "none", "none", 1, 80).plan.ranks[
+        0].kv_bytes_per_token
