@@ -4,7 +4,8 @@ layer_types: TRT-LLM takes windows at run time, from KvCacheConfig.max_attention
 backend/engine/trtllm_executor.py sets from them)."""
 from __future__ import annotations
 
-from backend.formats.checkpoint import Gemma2Keys, TrtllmCheckpointConfig
+from backend.formats.checkpoint import TrtllmCheckpointConfig
+from backend.formats.config_groups import Gemma2Keys
 from build_engines.hf_families.fields import Family
 from build_engines.hf_families.rope import rope_keys
 

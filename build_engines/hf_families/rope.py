@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.formats.checkpoint import LongRopeKeys
+from backend.formats.config_groups import LongRopeKeys
 
 STATIC_TYPES = ("linear", "dynamic", "llama3", "yarn")
 

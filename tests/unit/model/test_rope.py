@@ -8,7 +8,8 @@ import torch
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from backend.formats.checkpoint import LongRopeKeys, TrtllmCheckpointConfig
+from backend.formats.checkpoint import TrtllmCheckpointConfig
+from backend.formats.config_groups import LongRopeKeys
 from backend.model.rope import RopeSpec, dynamic_inv_freq, longrope_inv_freq, longrope_scaling, static_inv_freq
 from backend.model.rotary import RotaryEmbedding
 
