@@ -33,7 +33,12 @@ def build(spec: BuildSpec, model_repository: Path | None = None, say: Callable[[
     if repo is not None:
         _check_install_target(repo, spec.version)
     hf_dir = resolve_source(spec.source)
-    plan = plan_memory(checkpoint_config_from_hf(hf_dir, spec.dtype), spec)  # refuses before anything is built
+    checkpoint_config = checkpoint_config_from_hf(hf_dir, spec.dtype)
+    plan = plan_memory(checkpoint_config, spec)  # refuses before anything is built
+    if spec.target == "tensorrt_llm":
+        from build_engines.trtllm_target import check_buildable
+
+        check_buildable(checkpoint_config, spec)
     say(plan.describe())
     trtllm_problem = _trtllm_problem(spec)
     if trtllm_problem:

@@ -1,4 +1,5 @@
-"""`python -m build_engines {build,demo,tokenizer,tiny,random,convert,shard}`: each prints the path it produced.
+"""`python -m build_engines {build,demo,tokenizer,tiny,random,family,convert,shard,plan-families}`: each prints the
+path it produced (plan-families: a markdown table).
 
 Progress and logs go to stderr; stdout carries only the resulting directory, so scripts
 can do `HF=$(python -m build_engines demo)`.
@@ -50,7 +51,19 @@ def _parser() -> argparse.ArgumentParser:
         rand.add_argument(f"--{dim}", type=int, required=True)
     rand.set_defaults(run=_random)
 
-    conv = sub.add_parser("convert", help="HF Llama dir -> TensorRT-LLM checkpoint dir")
+    fam = sub.add_parser("family", help="random-init tiny checkpoint of a family's structure (family_fixtures.py)")
+    fam.add_argument("name", help="fixture name: llama2, llama3, mistral, qwen2, qwen3, gemma2, phi3_128k, ...")
+    _add_random_model_args(fam)
+    fam.set_defaults(run=_family)
+
+    plans = sub.add_parser("plan-families", help="memory plans of released checkpoints (real_configs.py): weights "
+                                                 "per rank, KV per token, what fits, per quantization and TP size")
+    plans.add_argument("--device-memory-gib", type=float, default=24.0)
+    plans.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    plans.set_defaults(run=_plan_families)
+
+    conv = sub.add_parser("convert", help="HF checkpoint dir (Llama, Mistral, Qwen2/3, Gemma 2, Phi-3) -> "
+                                          "TensorRT-LLM checkpoint dir")
     conv.add_argument("--hf", type=Path, required=True)
     conv.add_argument("--out", type=Path, required=True)
     conv.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -122,6 +135,19 @@ def _random(args: argparse.Namespace) -> Path:
     dims = LlamaDims(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                      num_kv_heads=args.kv_heads, intermediate_size=args.intermediate)
     return make_random_model(args.out, build_tokenizer(args.cache), dims, seed=args.seed)
+
+
+def _family(args: argparse.Namespace) -> Path:
+    from build_engines.family_fixtures import FIXTURES, make_fixture
+    from build_engines.tokenizer import build_tokenizer
+    if args.name not in FIXTURES:
+        raise SystemExit(f"error: no fixture {args.name!r}; choose one of {sorted(FIXTURES)}")
+    return make_fixture(args.name, args.out, build_tokenizer(args.cache), seed=args.seed)
+
+
+def _plan_families(args: argparse.Namespace) -> str:
+    from build_engines.real_configs import plan_table
+    return plan_table(args.device_memory_gib, tuple(args.tp))
 
 
 def _convert(args: argparse.Namespace) -> Path:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.engine.memory_plan import KVPlan, plan_kv_cache
+from backend.engine.memory_plan import KVPlan, plan_kv_cache, sequence_kv_tokens
 from backend.formats.checkpoint import LM_HEAD, LN_F, VOCAB_EMBEDDING, Mapping, QuantConfig, TrtllmCheckpointConfig
+from backend.formats.checkpoint_tensors import expected_shapes
 from backend.formats.rank_layout import RankPosition, check_tp, kv_heads_per_rank, pp_layers
+from backend.model.config import position_limit
 from build_engines.shard import COLUMN_PARALLEL, ROW_PARALLEL, shard_weights
 from build_engines.spec import BuildSpec, SpecError
 
@@ -35,6 +37,7 @@ class MemoryPlan:
     ranks: list[RankPlan]
     device_bytes: int
     fraction: float
+    sequence_tokens: int  # KV tokens one max_seq_len sequence holds at once (fewer with a sliding window everywhere)
 
     @property
     def kv_tokens(self) -> int:
@@ -53,6 +56,7 @@ class MemoryPlan:
 
     def to_dict(self) -> dict:
         return {"device_bytes": self.device_bytes, "fraction": self.fraction, "kv_tokens": self.kv_tokens,
+                "sequence_tokens": self.sequence_tokens,
                 "ranks": [{"rank": r.rank, "layers": r.layers, "weight_bytes": r.weight_bytes,
                            "kv_bytes_per_token": r.kv_bytes_per_token, "kv_tokens": r.kv.tokens,
                            "kv_reason": r.kv.reason} for r in self.ranks]}
@@ -84,7 +88,8 @@ def plan_memory(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> MemoryPlan:
                             f"quantize the weights or the KV cache (kv_cache: fp8)") from None
         ranks.append(RankPlan(rank, len(pos.layers(cfg.num_hidden_layers)), weight_bytes,
                               kv.bytes_per_token, kv))
-    return MemoryPlan(ranks, spec.memory.device_bytes, spec.memory.kv_cache_free_mem_fraction)
+    return MemoryPlan(ranks, spec.memory.device_bytes, spec.memory.kv_cache_free_mem_fraction,
+                      sequence_kv_tokens(cfg, engine))
 
 
 def _check_split(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> None:
@@ -96,13 +101,16 @@ def _check_split(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> None:
         raise SpecError(f"pp_size {spec.pp_size} exceeds the model's {cfg.num_hidden_layers} layers: every pipeline "
                         f"stage needs one; set pp_size <= {cfg.num_hidden_layers}")
     if spec.quant_algo == "W4A16_AWQ":
-        for name, width in (("hidden_size", cfg.hidden_size), ("intermediate_size", cfg.intermediate_size)):
+        attn_width = cfg.num_attention_heads * cfg.head_size  # attention.dense's input (!= hidden for Gemma 2)
+        for name, width in (("hidden_size", cfg.hidden_size), ("intermediate_size", cfg.intermediate_size),
+                            ("num_attention_heads x head_size", attn_width)):
             if width % (spec.group_size * spec.tp_size):
                 raise SpecError(f"int4_awq: {name} {width} does not split into groups of {spec.group_size} on each of "
                                 f"{spec.tp_size} tensor-parallel ranks; lower group_size or tp_size")
-    if spec.limits.max_seq_len > cfg.max_position_embeddings:
+    limit = position_limit(cfg)
+    if limit is not None and spec.limits.max_seq_len > limit:
         raise SpecError(f"limits.max_seq_len ({spec.limits.max_seq_len}) exceeds the model's max_position_embeddings "
-                        f"({cfg.max_position_embeddings}): lower it")
+                        f"({limit}): lower it")
 
 
 def meta_weights(cfg: TrtllmCheckpointConfig) -> dict[str, torch.Tensor]:
@@ -113,7 +121,7 @@ def meta_weights(cfg: TrtllmCheckpointConfig) -> dict[str, torch.Tensor]:
     dtype = getattr(torch, cfg.dtype)
     algo = cfg.quantization.quant_algo
     out = {}
-    for name, shape in cfg.expected_shapes().items():
+    for name, shape in expected_shapes(cfg).items():
         linear = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
         if algo is None or name in (VOCAB_EMBEDDING, LN_F, LM_HEAD) or linear not in _LINEAR_NAMES:
             out[name] = torch.empty(shape, dtype=dtype, device="meta")
@@ -133,10 +141,13 @@ def meta_weights(cfg: TrtllmCheckpointConfig) -> dict[str, torch.Tensor]:
 
 
 def _rank_view(cfg: TrtllmCheckpointConfig, pos: RankPosition) -> TrtllmCheckpointConfig:
-    """The model as one rank sees it, for KV sizing: its stage's layers and its share of the (KV) heads."""
-    tp = pos.tp_size
+    """The model as one rank sees it, for KV sizing: its stage's layers (and their windows) and its share of the
+    (KV) heads."""
+    tp, layers = pos.tp_size, pp_layers(cfg.num_hidden_layers, pos.pp_size, pos.pp_rank)
+    types = None if cfg.layer_types is None else tuple(cfg.layer_types[i] for i in layers)
     return dataclasses.replace(
-        cfg, num_hidden_layers=len(pp_layers(cfg.num_hidden_layers, pos.pp_size, pos.pp_rank)),
+        cfg, num_hidden_layers=len(layers), layer_types=types,
+        sliding_window=cfg.sliding_window if types and "sliding_attention" in types else None,
         num_attention_heads=cfg.num_attention_heads // tp,
         num_key_value_heads=kv_heads_per_rank(cfg.num_key_value_heads, tp), mapping=Mapping())
 

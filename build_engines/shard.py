@@ -2,13 +2,16 @@
 
 Per rank (tp_rank t of tp_size, stage p of pp_size; rank = p * tp_size + t, see rank_layout.py):
 - layers: the stage's range (rank_layout.pp_layers), renamed from 0 in each file, as TRT-LLM's converters do;
-- attention.qkv (column-parallel): q, k and v each split by heads; when tp > kv heads, each KV head is first
-  repeated tp / kv_heads times, so every rank holds one (replicated) KV head;
-- mlp.fc, mlp.gate (column-parallel): split by output rows; attention.dense, mlp.proj (row-parallel): split
-  by input columns; their partial outputs are summed (all_reduce) at run time;
-- vocab_embedding: whole, on the first stage (use_parallel_embedding false); ln_f and lm_head on the last
-  stage, lm_head rows padded with zeros to a multiple of tp and split by vocabulary;
-- layer norms and per-tensor (scalar) quantization scales (FP8 weights, activations, KV cache): replicated;
+- attention.qkv and its bias (column-parallel): q, k and v each split by heads; when tp > kv heads, each KV head
+  is first repeated tp / kv_heads times, so every rank holds one (replicated) KV head;
+- mlp.fc, mlp.gate (column-parallel): split by output rows, a fused [up | gate] fc (swiglu) half by half;
+  attention.dense, mlp.proj (row-parallel): split by input columns; their partial outputs are summed (all_reduce)
+  at run time;
+- vocab_embedding: on the first stage, whole, or with use_parallel_embedding (TRT-LLM sets it for Gemma under TP)
+  padded and split by vocabulary like lm_head; ln_f and lm_head on the last stage, lm_head rows padded with zeros
+  to a multiple of tp and split by vocabulary;
+- layer norms (q/k norms too) and per-tensor (scalar) quantization scales (FP8 weights, activations, KV cache):
+  replicated;
 - quantized linears' other tensors follow their weight: W8A16 per_channel_scale (out,) and INT4 group scales
   (out, in / group) by output rows in column-parallel linears; in row-parallel ones the group scales and AWQ's
   prequant_scaling_factor (in,) by input, per_channel_scale replicated. A split that would cut an INT4 group
@@ -32,8 +35,10 @@ from backend.formats.checkpoint import (
     layer_prefix,
     rank_file,
 )
+from backend.formats.checkpoint_tensors import expected_shapes, fused_gate_up, qkv_split_sizes
 from backend.formats.rank_layout import RankPosition, check_tp, kv_heads_per_rank, padded_vocab, pp_layers
 from build_engines.cache import atomic_dir
+from build_engines.side_files import copy_side_files
 
 # Linears of a decoder layer by how they split (TRT-LLM's ColumnLinear / RowLinear).
 COLUMN_PARALLEL = ("attention.qkv", "mlp.fc", "mlp.gate")
@@ -41,7 +46,7 @@ ROW_PARALLEL = ("attention.dense", "mlp.proj")
 # Tensors a linear may carry (TRT-LLM names): weight (out, in), or INT4 packed (out, in / 2); per_channel_scale
 # (out,) of W8A16; weights_scaling_factor (1,) of FP8 or (out, in / group) of INT4; prequant_scaling_factor (in,)
 # of AWQ; activation_scaling_factor (1,) of FP8.
-LINEAR_TENSORS = ("weight", "per_channel_scale", "weights_scaling_factor", "prequant_scaling_factor",
+LINEAR_TENSORS = ("weight", "bias", "per_channel_scale", "weights_scaling_factor", "prequant_scaling_factor",
                   "activation_scaling_factor")
 
 
@@ -61,6 +66,7 @@ def shard_checkpoint(src_dir: Path, dst_dir: Path, tp_size: int, pp_size: int) -
             shard = shard_weights(weights, cfg, RankPosition(rank, tp_size, pp_size))
             save_file(shard, str(tmp / rank_file(rank)), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(sharded_config(raw, tp_size, pp_size), indent=2) + "\n")
+        copy_side_files(src_dir, tmp)
     return dst_dir
 
 
@@ -80,7 +86,8 @@ def sharded_config(raw: dict, tp_size: int, pp_size: int) -> dict:
     out = dict(raw)
     out["mapping"] = {"world_size": tp_size * pp_size, "gpus_per_node": 8, "cp_size": 1, "tp_size": tp_size,
                       "pp_size": pp_size, "moe_tp_size": tp_size, "moe_ep_size": 1}
-    out.setdefault("use_parallel_embedding", False)
+    # TRT-LLM's GemmaConfig forces use_parallel_embedding = (tp > 1) whatever it is given (share_embedding_table).
+    out["use_parallel_embedding"] = bool(out.get("share_embedding_table")) and tp_size > 1
     return out
 
 
@@ -89,7 +96,9 @@ def shard_weights(weights: dict[str, torch.Tensor], cfg: TrtllmCheckpointConfig,
     """The tensors of one rank, named as that rank's file names them."""
     out: dict[str, torch.Tensor] = {}
     if pos.is_first_stage:
-        out[VOCAB_EMBEDDING] = weights[VOCAB_EMBEDDING]
+        parallel = cfg.share_embedding_table and pos.tp_size > 1  # as sharded_config writes use_parallel_embedding
+        out[VOCAB_EMBEDDING] = (split_vocab(weights[VOCAB_EMBEDDING], pos.tp_size, pos.tp_rank) if parallel
+                                else weights[VOCAB_EMBEDDING])
     if pos.is_last_stage:
         out[LN_F] = weights[LN_F]
         out[LM_HEAD] = split_vocab(weights[LM_HEAD], pos.tp_size, pos.tp_rank)
@@ -112,7 +121,9 @@ def _shard_layer_tensor(suffix: str, tensor: torch.Tensor, cfg: TrtllmCheckpoint
             return tensor  # (in,): the input of a column-parallel linear is whole on every rank
         if linear == "attention.qkv":
             return split_qkv(tensor, cfg, tp, rank)
-        return _chunk(tensor, 0, tp, rank, suffix)  # by output rows: weight, channel and group scales alike
+        if linear == "mlp.fc" and fused_gate_up(cfg):  # [up | gate]: each half by output rows
+            return torch.cat([_chunk(half, 0, tp, rank, suffix) for half in tensor.chunk(2, dim=0)])
+        return _chunk(tensor, 0, tp, rank, suffix)  # by output rows: weight, bias, channel and group scales alike
     if kind == "per_channel_scale":
         return tensor  # (out,): a row-parallel output is whole (summed) on every rank
     # By input columns: weight (packed or not), INT4 group scales (out, in / group), prequant scales (in,).
@@ -128,8 +139,9 @@ def _chunk(tensor: torch.Tensor, dim: int, tp: int, rank: int, name: str) -> tor
 
 
 def split_qkv(qkv: torch.Tensor, cfg: TrtllmCheckpointConfig, tp_size: int, tp_rank: int) -> torch.Tensor:
-    """Rows [q heads | k heads | v heads] -> this rank's [local q | local k | local v] (each split by heads)."""
-    q, k, v = qkv.split(cfg.qkv_split_sizes, dim=0)
+    """Rows [q heads | k heads | v heads] -> this rank's [local q | local k | local v] (each split by heads); the
+    weight, its bias and quantization tensors by output rows alike."""
+    q, k, v = qkv.split(qkv_split_sizes(cfg), dim=0)
     n_kv, head = cfg.num_key_value_heads, cfg.head_size
     if tp_size > n_kv:  # replicate each KV head so every rank gets one: (n_kv * head, ...) -> (tp * head, ...)
         k, v = (t.reshape(n_kv, head, *t.shape[1:]).repeat_interleave(tp_size // n_kv, dim=0)
@@ -150,7 +162,7 @@ def split_vocab(lm_head: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tens
 def _check_tensors(weights: dict[str, torch.Tensor], cfg: TrtllmCheckpointConfig) -> None:
     """Every tensor is one this sharder knows how to split; float (and FP8, INT8) weights have their unsharded
     shape, INT4 ones their packed shape (out, in / 2)."""
-    expected = cfg.expected_shapes()
+    expected = expected_shapes(cfg)
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise ValueError(f"the source checkpoint lacks tensors {missing[:5]}")

@@ -13,7 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from build_engines.spec import BuildSpec
+from backend.formats.checkpoint import TrtllmCheckpointConfig
+from build_engines.spec import BuildSpec, SpecError
 
 SUPPORTED_MAJOR_MINOR = "1.2"
 GPU_IMAGE_HINT = ("the Dockerfile's gpu image (docker build --target gpu .) has TensorRT-LLM and a GPU runtime; "
@@ -22,6 +23,26 @@ GPU_IMAGE_HINT = ("the Dockerfile's gpu image (docker build --target gpu .) has 
 
 class TrtllmUnavailable(RuntimeError):
     """tensorrt_llm cannot run here (not importable, wrong version, or no GPU); the message says where it can."""
+
+
+GEMMA2_MAX_SEQ_LEN = 4096  # examples/models/core/gemma/README.md (1.2): "The maximum sequence length allowed is 4096"
+
+
+def check_buildable(cfg: TrtllmCheckpointConfig, spec: BuildSpec) -> None:
+    """Refuse, before anything is built, what TensorRT-LLM 1.2 cannot build or would compute differently from the
+    checkpoint (the torch target serves all of these). Sliding windows need nothing here: they are run-time
+    settings (KvCacheConfig.max_attention_window, set by backend/engine/trtllm_executor.py from the checkpoint)."""
+    scaling = cfg.rotary_scaling or {}
+    if scaling.get("type", scaling.get("rope_type")) == "dynamic":
+        raise SpecError("target tensorrt_llm: rotary_scaling type 'dynamic' (HF's factor-based NTK) is not buildable "
+                        "by TensorRT-LLM 1.2 (its attention plugin's dynamic scaling takes Hunyuan's 'alpha'); "
+                        "use target: torch")
+    if cfg.architecture == "Phi3ForCausalLM" and spec.tp_size > 1:
+        raise SpecError("target tensorrt_llm: TensorRT-LLM lists no tensor parallelism for Phi-3 "
+                        "(examples/models/core/phi/README.md); use tp_size 1 (pp_size works), or target: torch")
+    if cfg.architecture == "Gemma2ForCausalLM" and spec.limits.max_seq_len > GEMMA2_MAX_SEQ_LEN:
+        raise SpecError(f"target tensorrt_llm: TensorRT-LLM 1.2 allows Gemma 2 sequences up to {GEMMA2_MAX_SEQ_LEN} "
+                        f"tokens; lower limits.max_seq_len ({spec.limits.max_seq_len}), or use target: torch")
 
 
 def trtllm_build_argv(spec: BuildSpec, checkpoint_dir: Path, output_dir: Path) -> list[str]:

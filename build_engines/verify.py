@@ -19,6 +19,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
 from backend.model.decoder import AttentionMetadata, DecoderLayer
+from backend.model.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,23 @@ def check_sharded(artifact: Path, single_rank: Path, prompts: list[list[int]], n
 class _PrefillLayer(torch.nn.Module):
     """Decoder layer 0 on one sequence's prefill of T tokens with an empty cache: x (T, hidden) -> (T, hidden).
 
-    The attention metadata of that case (slots 0..T-1, a causal mask, rotary tables of positions 0..T-1) is fixed
-    for a given T, so it is baked into the graph as constants; the cache is a fresh zero tensor inside it."""
+    The attention metadata of that case (slots 0..T-1, a causal (windowed) mask, rotary cos/sin of positions
+    0..T-1 for a T-token prompt) is fixed for a given T, so it is baked into the graph as constants; the cache is a
+    fresh zero tensor inside it."""
 
-    def __init__(self, layer: DecoderLayer, cos: torch.Tensor, sin: torch.Tensor, tokens: int) -> None:
+    def __init__(self, layer: DecoderLayer, rotary: RotaryEmbedding, tokens: int) -> None:
         super().__init__()
         self.layer = layer
         att = layer.attention
         self.kv_shape = (tokens, att.n_kv, att.head_dim)
         idx = torch.arange(tokens)
+        causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        if att.window is not None:  # keys p - W < k <= p
+            causal &= ~torch.ones(tokens, tokens, dtype=torch.bool).tril(-att.window)
+        cos, sin = rotary.cos_sin(idx, torch.full((tokens,), tokens), torch.full((tokens,), tokens))
         self.meta = AttentionMetadata(
             slot_mapping=idx, query_index=idx[None], query_flat=idx, context_slots=idx[None],
-            mask=torch.ones(tokens, tokens, dtype=torch.bool).tril()[None, None], cos=cos[:tokens], sin=sin[:tokens])
+            masks={att.window: causal[None, None]}, cos=cos, sin=sin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k_cache = torch.zeros(self.kv_shape, dtype=x.dtype)
@@ -93,20 +99,22 @@ def float_layer(layer: DecoderLayer) -> DecoderLayer:
     """A float32 copy of a loaded decoder layer, each quantized linear replaced by a plain nn.Linear holding the
     weight it computes with (dequantized; AWQ's prequant scale folded in). ONNX has no CPU INT4 group-wise or
     FP8 GEMM here; the graph is the layer's float computation, where TensorRT inserts its own quantization."""
-    from backend.model.quantized_linear import LINEARS, Fp8Linear, QuantizedLinear
+    from backend.model.quantized_linear import Fp8Linear, QuantizedLinear, linears_of
 
     layer = copy.deepcopy(layer)
-    for name in LINEARS:
+    for name in linears_of(layer):
         parent_name, _, child = name.rpartition(".")
         parent = layer.get_submodule(parent_name)
         module = getattr(parent, child)
         if isinstance(module, QuantizedLinear):
-            linear = torch.nn.Linear(module.in_features, module.out_features, bias=False)
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
             with torch.inference_mode():
                 if isinstance(module, Fp8Linear):  # its forward also rounds the input to FP8 (not a weight)
                     weight = module.weight.float() * module.weights_scaling_factor.float()
                 else:  # the runtime's own kernel applied to the identity: column j is W[:, j] (prequant folded)
-                    weight = module(torch.eye(module.in_features, dtype=module.dtype)).float().t()
+                    weight = module.matmul(torch.eye(module.in_features, dtype=module.dtype)).float().t()
+                if module.bias is not None:
+                    linear.bias = torch.nn.Parameter(module.bias.float().clone())
             linear.weight = torch.nn.Parameter(weight.clone())
             setattr(parent, child, linear)
     layer.mlp.fc_gate = None  # the fused copy (made at load) is in the load dtype; use the linears themselves
@@ -128,7 +136,7 @@ def check_layer_onnx(ckpt_dir: Path, out_dir: Path, tokens: int = 16, atol: floa
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(ckpt_dir, torch.device("cpu"))
-    graph = _PrefillLayer(float_layer(model.transformer.layers[0]), model.rope_cos, model.rope_sin, tokens).eval()
+    graph = _PrefillLayer(float_layer(model.transformer.layers[0]), model.rotary, tokens).eval()
     x = torch.randn(tokens, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = graph(x)

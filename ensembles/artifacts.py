@@ -13,7 +13,7 @@ class ModelArtifacts:
 
 
 def from_hf(hf_dir: Path, dtype: str = "float32", out_dir: Path | None = None) -> ModelArtifacts:
-    """Convert a HF Llama checkpoint, once: the result lives beside it (<hf dir>.trtllm-<dtype>) unless out_dir says
+    """Convert a HF checkpoint of a supported family (docs/families.md), once: the result lives beside it (<hf dir>.trtllm-<dtype>) unless out_dir says
     otherwise, and is made again when the HF weights are newer."""
     from build_engines.convert import convert_hf_to_trtllm
 

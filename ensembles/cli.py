@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         src = p.add_mutually_exclusive_group()
         src.add_argument("--demo", action="store_true", help="the demo model (trained and cached on first use)")
-        src.add_argument("--hf", type=Path, help="a Hugging Face Llama checkpoint directory")
+        src.add_argument("--hf", type=Path, help="a Hugging Face checkpoint directory (Llama, Mistral, Qwen2/3, "
+                                                 "Gemma 2, Phi-3: docs/families.md)")
         src.add_argument("--engine-dir", type=Path, help="a TensorRT-LLM-layout checkpoint (with --tokenizer-dir)")
         p.add_argument("--tokenizer-dir", type=Path)
         p.add_argument("--out", type=Path, default=DEFAULT_REPO_OUT, help="where the repository is rendered")

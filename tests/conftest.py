@@ -144,3 +144,30 @@ def quantized_tiny(tiny_ckpt_dir, tokenizer_dir, tmp_path_factory) -> Callable[.
         return built[method, kv_cache]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def family_checkpoint(tmp_path_factory, tokenizer_dir) -> Callable[[str], tuple[Path, Path]]:
+    """family_checkpoint(name) -> (HF dir, converted float32 TRT-LLM checkpoint) of a family fixture
+    (build_engines/family_fixtures.py), made once per session."""
+    from build_engines.family_fixtures import make_fixture
+
+    root, made = tmp_path_factory.mktemp("families"), {}
+
+    def get(name: str) -> tuple[Path, Path]:
+        if name not in made:
+            hf = make_fixture(name, root / name, tokenizer_dir)
+            made[name] = hf, convert_hf_to_trtllm(hf, root / f"{name}.trtllm")
+        return made[name]
+
+    return get
+
+
+def hf_generate(hf_dir: Path, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+    """HF transformers greedy tokens, float32, eager attention, batch 1, from a fresh model (dynamic NTK rope keeps
+    state across generate() calls), exactly max_tokens of them (no end id)."""
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
+                         max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

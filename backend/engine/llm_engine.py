@@ -13,13 +13,15 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig
 from backend.engine.interface import PerfMetrics, RequestOutput
 from backend.engine.memory_plan import free_memory_bytes, plan_kv_cache
+from backend.engine.rope_regime import RopeRegime
 from backend.engine.sampler import SampleResult, sample
 from backend.engine.scheduler import Scheduler
 from backend.engine.scheduler_output import SchedulerOutput
 from backend.engine.sequence import FinishReason, Request, SeqStatus, Sequence
 from backend.engine.stats import EngineStats, StepSummary
 from backend.errors import InvalidRequestError
-from backend.model.config import load_model_config
+from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit
+from backend.model.features import DecoderFeatures
 from backend.model.loader import load_model
 from backend.model.parallel.driver import ParallelModelRunner
 from backend.model.runner import ModelRunner
@@ -35,17 +37,17 @@ class LLMEngine:
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = cfg = load_model_config(ckpt_dir)
-        if config.max_seq_len > cfg.max_position_embeddings:
-            raise ValueError(
-                f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings "
-                f"({cfg.max_position_embeddings})"
-            )
+        limit = position_limit(cfg)
+        if limit is not None and config.max_seq_len > limit:
+            raise ValueError(f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings ({limit})")
         # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
         model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device)
         self.kv_plan = plan_kv_cache(cfg, config, free_memory_bytes(self.device))
         log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
                  cfg.num_key_value_heads, cfg.head_size, cfg.dtype)
-        self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse)
+        self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse,
+                                   window=kv_window(cfg), max_chunk_tokens=config.max_num_tokens,
+                                   regime=rope_regime(cfg))
         num_blocks, block_size = self.blocks.num_blocks, self.blocks.block_size
         self.runner = (ModelRunner(model, num_blocks, block_size, self.device) if model is not None
                        else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
@@ -142,19 +144,25 @@ class LLMEngine:
         for item in batch:
             item.seq.first_scheduled_time_ns = item.seq.first_scheduled_time_ns or now
         end = torch.tensor([item.end for item in batch])
+        ctx_start = torch.tensor([self.blocks.first_live_position(item.start) for item in batch])
         return StepInputs(
             tokens=torch.tensor([t for item in batch for t in item.seq.token_ids[item.start : item.end]]),
             start=torch.tensor([item.start for item in batch]),
             end=end,
             sampled=torch.tensor([int(item.samples) for item in batch]),
-            context_slots=self.blocks.slots([item.seq for item in batch], end),
+            context_slots=self.blocks.slots([item.seq for item in batch], end, ctx_start),
+            ctx_start=ctx_start,
+            prompt_len=torch.tensor([item.seq.num_prompt_tokens for item in batch]),
+            total_len=torch.tensor([item.seq.num_tokens for item in batch]),
         )
 
     def _postprocess(self, batch: SchedulerOutput) -> None:
-        """The step's tokens are in the KV cache now: advance each sequence and index its full blocks for reuse."""
+        """The step's tokens are in the KV cache now: advance each sequence, index its full blocks for reuse, and
+        release those no sliding window reaches any more."""
         for item in batch:
             item.seq.num_computed_tokens = item.end
             self.blocks.register_full_blocks(item.seq)
+            self.blocks.release_outside_window(item.seq)
 
     def _emit(self, seqs: list[Sequence], sampled: list[SampleResult]) -> list[RequestOutput]:
         """Append each sampled token, finish what ended, and hand out what may be shown."""
@@ -227,3 +235,13 @@ class LLMEngine:
             for o in self.step():
                 out[o.request_id].extend(o.new_token_ids)
         return out
+
+
+def rope_regime(cfg: ModelConfig) -> RopeRegime:
+    """The prefix cache's and scheduler's view of the model's rotary embedding (backend/engine/rope_regime.py)."""
+    rope = DecoderFeatures.of(cfg).rope
+    if rope.kind == "dynamic":
+        return RopeRegime("dynamic", rope.max_positions)
+    if rope.kind == "longrope":
+        return RopeRegime("longrope", rope.params["original_max_position_embeddings"])
+    return RopeRegime()

@@ -2,17 +2,18 @@
 
 A full block is keyed by a chained hash h(parent block's hash, its token ids, extra key): equal keys mean equal
 whole prefixes, not just equal blocks. The extra key carries what must also match for K/V to be shareable (a
-tenant's cache salt, later an adapter id). Token ids are stored and compared on a hit, so a hash collision can
+tenant's cache salt, the rope regime the keys were rotated in; later an adapter id). Token ids are stored and compared on a hit, so a hash collision can
 never hand out another prefix's K/V.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 BlockKey = int
 
 
-def block_key(parent: BlockKey | None, token_ids: tuple[int, ...], extra_key: str | None) -> BlockKey:
+def block_key(parent: BlockKey | None, token_ids: tuple[int, ...], extra_key: Hashable) -> BlockKey:
     # Python's hash of a tuple of ints/str/None: fast and process-stable enough for an in-memory index
     # (str hashing is salted per process, which only matters across processes: the index is never shared).
     return hash((parent, token_ids, extra_key))
@@ -23,7 +24,7 @@ class _Entry:
     block: int
     parent: BlockKey | None
     token_ids: tuple[int, ...]
-    extra_key: str | None
+    extra_key: Hashable
 
 
 class PrefixCache:
@@ -32,7 +33,7 @@ class PrefixCache:
         self._key_of_block: dict[int, BlockKey] = {}
 
     def lookup(self, key: BlockKey, parent: BlockKey | None, token_ids: tuple[int, ...],
-               extra_key: str | None) -> int | None:
+               extra_key: Hashable) -> int | None:
         """The block holding exactly this prefix's K/V, or None."""
         entry = self._by_key.get(key)
         if entry is None or (entry.parent, entry.token_ids, entry.extra_key) != (parent, token_ids, extra_key):
@@ -40,7 +41,7 @@ class PrefixCache:
         return entry.block
 
     def register(self, key: BlockKey, block: int, parent: BlockKey | None, token_ids: tuple[int, ...],
-                 extra_key: str | None) -> None:
+                 extra_key: Hashable) -> None:
         """Index a block whose K/V are complete; a key already indexed keeps its first block."""
         if key in self._by_key or block in self._key_of_block:
             return

@@ -9,6 +9,9 @@ KV policies (the anchor's batch_scheduler_policy):
 - guaranteed_no_evict: admit only when the blocks for prompt + max_tokens can be reserved; nothing is preempted.
 - max_utilization: admit when the next chunk fits; when a running sequence needs a block and none is free, the
   most recently admitted sequence is preempted (its blocks freed, its tokens recomputed later, none lost).
+
+A running sequence whose rope regime changed since its K/V were computed (longrope crossing its original length,
+rope_regime.py) drops them and is prefilled again, as a whole, in the new regime (its cached prefix reused).
 """
 from __future__ import annotations
 
@@ -57,6 +60,8 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.in_prefill):
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if self.blocks.regime.recompute_needed(seq.kv_regime, seq.num_tokens) and not self._restart(seq):
+                continue  # waits again: its new regime's blocks could not be promised now
             n = 1 if not seq.in_prefill else self._chunk(seq, budget)
             if n == 0 or not self._make_room(seq, n):
                 continue
@@ -115,9 +120,24 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
+        seq.kv_regime = None
+
+    def _restart(self, seq: Sequence) -> bool:
+        """Drop a running sequence's K/V and prefill it again from its cached prefix, keeping its place. Under
+        guaranteed_no_evict it needs its promise again (the blocks it freed cover it unless another sequence shares
+        them); if that cannot be given it is preempted instead (False)."""
+        self._release(seq)
+        self.blocks.match_prefix(seq)
+        if self.guaranteed and not self.blocks.can_reserve(seq):
+            self._preempt(seq)
+            return False
+        if self.guaranteed:
+            self.blocks.reserve(seq)
+        return True
 
     def _take(self, seq: Sequence, n: int) -> ScheduledSeq:
         self.blocks.ensure_slots(seq, seq.num_computed_tokens + n)
+        seq.kv_regime = self.blocks.regime.sequence_tag(seq.num_tokens)
         return ScheduledSeq.of(seq, n)
 
     def finish(self, seq: Sequence) -> None:

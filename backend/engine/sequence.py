@@ -40,8 +40,10 @@ class Sequence:
     token_ids: list[int]  # prompt + generated
     num_prompt_tokens: int
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    block_table: list[int] = field(default_factory=list)  # physical KV block of each logical block
+    # Physical KV block of each logical block; None once released (outside every sliding window).
+    block_table: list[int | None] = field(default_factory=list)
     block_keys: list[int] = field(default_factory=list)  # prefix-cache key of each full block registered so far
+    kv_regime: str | None = None  # rope regime tag its cached K/V were computed under (rope_regime.py); None: none
     reused_blocks: int = 0  # blocks taken from the prefix cache at admission
     new_blocks: int = 0  # blocks allocated fresh
     first_scheduled_time_ns: int = 0

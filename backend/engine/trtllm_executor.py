@@ -11,6 +11,7 @@ LLMEngine emits them; triton_io decides what the client sees.
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,18 +44,30 @@ def is_engine_dir(path: Path) -> bool:
     return any(Path(path).glob(ENGINE_GLOB))
 
 
-def executor_settings(cfg: EngineConfig) -> dict:
-    """ExecutorConfig's arguments (nested: scheduler_config, kv_cache_config) from the engine config."""
+def attention_windows(pretrained_config: dict, max_seq_len: int) -> list[int] | None:
+    """KvCacheConfig.max_attention_window for a checkpoint's sliding layers (our sliding_window / layer_types keys):
+    one entry per layer, the window or max_seq_len (TensorRT-LLM applies windows only at run time); None without."""
+    window, types = pretrained_config.get("sliding_window"), pretrained_config.get("layer_types")
+    if window is None or not types or "sliding_attention" not in types:
+        return None
+    return [min(window, max_seq_len) if t == "sliding_attention" else max_seq_len for t in types]
+
+
+def executor_settings(cfg: EngineConfig, windows: list[int] | None = None) -> dict:
+    """ExecutorConfig's arguments (nested: scheduler_config, kv_cache_config) from the engine config, and the
+    per-layer attention windows (attention_windows) when the model slides."""
     policy = "GUARANTEED_NO_EVICT" if cfg.policy is SchedulerPolicy.GUARANTEED_NO_EVICT else "MAX_UTILIZATION"
+    kv_cache = {"enable_block_reuse": cfg.enable_kv_cache_reuse, "max_tokens": cfg.max_tokens_in_paged_kv_cache,
+                "free_gpu_memory_fraction": cfg.kv_cache_free_mem_fraction}
+    if windows is not None:
+        kv_cache["max_attention_window"] = windows
     return {
         "max_beam_width": 1,
         "max_batch_size": cfg.max_batch_size,
         "max_num_tokens": cfg.max_num_tokens,
         "enable_chunked_context": cfg.enable_chunked_context,
         "scheduler_config": {"capacity_scheduler_policy": policy},
-        "kv_cache_config": {"enable_block_reuse": cfg.enable_kv_cache_reuse,
-                            "max_tokens": cfg.max_tokens_in_paged_kv_cache,
-                            "free_gpu_memory_fraction": cfg.kv_cache_free_mem_fraction},
+        "kv_cache_config": kv_cache,
     }
 
 
@@ -94,7 +107,8 @@ class TrtllmExecutorEngine:
     def __init__(self, engine_dir: Path, config: EngineConfig) -> None:
         self.trtllm = trtllm = _executor_module()
         self.config = config
-        s = executor_settings(config)
+        engine_config = json.loads((Path(engine_dir) / "config.json").read_text())
+        s = executor_settings(config, attention_windows(engine_config.get("pretrained_config", {}), config.max_seq_len))
         policy = getattr(trtllm.CapacitySchedulerPolicy, s["scheduler_config"]["capacity_scheduler_policy"])
         exec_config = trtllm.ExecutorConfig(
             max_beam_width=1, scheduler_config=trtllm.SchedulerConfig(capacity_scheduler_policy=policy),

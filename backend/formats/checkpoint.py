@@ -1,14 +1,12 @@
-"""The TensorRT-LLM 1.2.x checkpoint layout for LlamaForCausalLM, as typed objects.
+"""The TensorRT-LLM 1.2.x checkpoint config (`config.json`) as a typed object, for the decoder families we serve.
 
-A checkpoint directory holds `config.json` (TrtllmCheckpointConfig) and one
-`rank{N}.safetensors` per rank. The writer (convert.py) and the reader
-(backend/model/loader.py) both use these definitions, so names and shapes agree.
-
-Tensor names and the MLP mapping match TensorRT-LLM's own Llama converter
-(tensorrt_llm/models/llama/convert.py) and GatedMLP (tensorrt_llm/layers/mlp.py):
-`mlp.fc` is the projection that goes through the activation (HF gate_proj), `mlp.gate`
-is the one it is multiplied by (HF up_proj): out = proj(silu(fc(x)) * gate(x)).
-Every weight is (out_features, in_features), as in torch.nn.Linear.
+A checkpoint directory holds `config.json` (TrtllmCheckpointConfig) and one `rank{N}.safetensors` per rank. The
+writer (build_engines/convert.py) and the reader (backend/model/) share these definitions. The keys are TensorRT-LLM's
+own (tensorrt_llm/models/modeling_utils.py PretrainedConfig, and the per-family configs: llama/config.py,
+qwen/config.py, gemma/config.py with its Gemma2ConfigGroup, phi3/config.py); the JSON is flat as TRT-LLM writes it,
+and keys that belong together are grouped here (Gemma2Keys, LongRopeKeys). Two keys are ours: `sliding_window`
+and `layer_types` (TRT-LLM sets unknown keys as attributes and only warns). Which keys each architecture may carry,
+and with which values, is backend/formats/families.py; every other key is checked by checkpoint_keys.py.
 """
 
 from __future__ import annotations
@@ -18,11 +16,13 @@ from dataclasses import asdict, dataclass, field, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from backend.formats.config_groups import Gemma2Keys, LongRopeKeys
+
 CONFIG_FILE = "config.json"
 DTYPES = ("float32", "float16", "bfloat16")
 QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W8A16")
 KV_CACHE_QUANT_ALGOS = (None, "FP8", "INT8")
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 VOCAB_EMBEDDING = "transformer.vocab_embedding.weight"
 LN_F = "transformer.ln_f.weight"
@@ -35,26 +35,6 @@ def rank_file(rank: int) -> str:
 
 def layer_prefix(i: int) -> str:
     return f"transformer.layers.{i}."
-
-
-@dataclass(frozen=True)
-class LayerNames:
-    """Tensor names of decoder layer i."""
-
-    input_layernorm: str
-    qkv: str  # rows: q heads, then k heads, then v heads
-    dense: str  # attention output projection (HF o_proj)
-    post_layernorm: str
-    mlp_fc: str  # HF gate_proj, goes through SiLU
-    mlp_gate: str  # HF up_proj, multiplies silu(fc(x))
-    mlp_proj: str  # HF down_proj
-
-    @classmethod
-    def of(cls, i: int) -> LayerNames:
-        p = layer_prefix(i)
-        return cls(input_layernorm=f"{p}input_layernorm.weight", qkv=f"{p}attention.qkv.weight",
-                   dense=f"{p}attention.dense.weight", post_layernorm=f"{p}post_layernorm.weight",
-                   mlp_fc=f"{p}mlp.fc.weight", mlp_gate=f"{p}mlp.gate.weight", mlp_proj=f"{p}mlp.proj.weight")
 
 
 @dataclass(frozen=True)
@@ -102,9 +82,12 @@ class QuantConfig:
         return any(fnmatchcase(module, p) or fnmatchcase(short, p) for p in self.exclude_modules or ())
 
 
+_GROUPS = {"gemma2": Gemma2Keys, "longrope": LongRopeKeys}
+
+
 @dataclass(frozen=True)
 class TrtllmCheckpointConfig:
-    """`config.json` of a TRT-LLM checkpoint (the PretrainedConfig fields a Llama needs)."""
+    """`config.json` of a TRT-LLM checkpoint: the PretrainedConfig fields the supported families use."""
 
     vocab_size: int
     max_position_embeddings: int
@@ -120,17 +103,31 @@ class TrtllmCheckpointConfig:
     dtype: str = "float32"
     logits_dtype: str = "float32"
     hidden_act: str = "silu"
-    position_embedding_type: str = "rope_gpt_neox"  # rotate halves, as HF Llama does
-    rotary_scaling: dict | None = None
+    position_embedding_type: str = "rope_gpt_neox"  # rotate halves, as HF does; "long_rope" for Phi-3 longrope
+    rotary_scaling: dict | None = None  # {"type": linear|dynamic|llama3|yarn, "factor": ..., ...} or null
+    rotary_pct: float = 1.0  # share of head_size that is rotated (Phi-3 / Phi-4-mini partial rotary)
+    attn_bias: bool = False  # q/k/v biases (Qwen2); a dense (o_proj) bias is refused by families.py
+    mlp_bias: bool = False
+    qk_layernorm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    qwen_type: str | None = None  # "qwen2" | "qwen3" (TRT-LLM's Qwen model switches on it)
+    tie_word_embeddings: bool = False
     share_embedding_table: bool = False
+    use_parallel_embedding: bool = False
+    embedding_sharding_dim: int = 0
+    sliding_window: int | None = None  # ours: the window of the layers layer_types marks sliding
+    layer_types: tuple[str, ...] | None = None  # ours: per layer, "full_attention" | "sliding_attention"
+    gemma2: Gemma2Keys | None = None
+    longrope: LongRopeKeys | None = None
     mapping: Mapping = field(default_factory=Mapping)
     quantization: QuantConfig = field(default_factory=QuantConfig)
     bos_token_id: int | None = None
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {self.architecture!r} is not supported (only {SUPPORTED_ARCHITECTURES})")
+        from backend.formats.families import check_family
+
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         for name in ("dtype", "logits_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
@@ -141,60 +138,72 @@ class TrtllmCheckpointConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads ({self.num_key_value_heads}) must divide "
                              f"num_attention_heads ({self.num_attention_heads})")
-        if self.hidden_act != "silu" or self.position_embedding_type != "rope_gpt_neox":
-            raise ValueError(f"a Llama needs hidden_act 'silu' and position_embedding_type 'rope_gpt_neox', "
-                             f"got {self.hidden_act!r}, {self.position_embedding_type!r}")
+        self._check_windows()
         if self.num_attention_heads % self.mapping.tp_size:
             raise ValueError(f"mapping.tp_size ({self.mapping.tp_size}) must divide num_attention_heads "
                              f"({self.num_attention_heads})")
         if self.mapping.pp_size > self.num_hidden_layers:
             raise ValueError(f"mapping.pp_size ({self.mapping.pp_size}) exceeds num_hidden_layers "
                              f"({self.num_hidden_layers})")
+        check_family(self)
+
+    def _check_windows(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or null, got {self.sliding_window}")
+        if self.layer_types is None:
+            if self.sliding_window is not None:
+                raise ValueError("sliding_window is set but layer_types is not: say which layers slide")
+            return
+        if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - set(LAYER_TYPES):
+            raise ValueError(f"layer_types must list one of {LAYER_TYPES} per layer ({self.num_hidden_layers}), "
+                             f"got {list(self.layer_types)}")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
 
     @property
-    def qkv_split_sizes(self) -> tuple[int, int, int]:
-        """Rows of the fused qkv weight taken by q, k and v (unsharded)."""
-        kv_rows = self.num_key_value_heads * self.head_size
-        return self.num_attention_heads * self.head_size, kv_rows, kv_rows
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer: the sliding window (keys p - W < k <= p are seen), or None for full causal attention."""
+        types = self.layer_types or ("full_attention",) * self.num_hidden_layers
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in types)
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor of an unsharded, unquantized checkpoint, by name."""
-        h, inter, vocab = self.hidden_size, self.intermediate_size, self.vocab_size
-        shapes: dict[str, tuple[int, ...]] = {VOCAB_EMBEDDING: (vocab, h), LN_F: (h,), LM_HEAD: (vocab, h)}
-        for i in range(self.num_hidden_layers):
-            n = LayerNames.of(i)
-            shapes.update({
-                n.input_layernorm: (h,),
-                n.qkv: (sum(self.qkv_split_sizes), h),
-                n.dense: (h, self.num_attention_heads * self.head_size),
-                n.post_layernorm: (h,),
-                n.mlp_fc: (inter, h),
-                n.mlp_gate: (inter, h),
-                n.mlp_proj: (h, inter),
-            })
-        return shapes
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_size * self.rotary_pct)
 
     def to_dict(self) -> dict:
-        """JSON-ready dict, identity keys first as in TRT-LLM's own config.json."""
+        """JSON-ready dict, identity keys first as in TRT-LLM's own config.json; groups flattened; keys that are
+        only written when set (token ids, qwen_type, the groups) are left out otherwise."""
         data = asdict(self)
         out = {k: data.pop(k) for k in ("architecture", "dtype", "logits_dtype")}
+        groups = {name: data.pop(name) for name in _GROUPS}
         out.update(data)
+        for group in groups.values():
+            out.update(group or {})
         if out["quantization"]["exclude_modules"] is not None:
             out["quantization"]["exclude_modules"] = list(out["quantization"]["exclude_modules"])
-        for key in ("bos_token_id", "eos_token_id"):
+        for key in ("layer_types", "longrope_scaling_short_factors", "longrope_scaling_long_factors"):
+            if out.get(key) is not None:
+                out[key] = list(out[key])
+        for key in ("bos_token_id", "eos_token_id", "qwen_type"):
             if out[key] is None:
-                del out[key]  # only written when known
+                del out[key]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> TrtllmCheckpointConfig:
-        """Build from a config.json dict; keys this project does not use are ignored
-        (TRT-LLM itself writes many more, e.g. use_parallel_embedding, moe)."""
-        known = {f.name for f in fields(cls)}
-        missing = sorted(f.name for f in fields(cls) if f.name in _REQUIRED and f.name not in data)
+        """Build from a config.json dict. Keys of TRT-LLM's own that change nothing here are accepted at their
+        inert values; any other key is refused, naming it (checkpoint_keys.check_keys)."""
+        from backend.formats.checkpoint_keys import check_keys
+
+        missing = sorted(k for k in _REQUIRED if k not in data)
         if missing:
             raise ValueError(f"checkpoint config lacks required keys: {', '.join(missing)}")
-        kwargs = {k: v for k, v in data.items() if k in known}
+        group_keys = {k for g in _GROUPS.values() for k in (f.name for f in fields(g))}
+        plain = {f.name for f in fields(cls)} - set(_GROUPS) - {"mapping", "quantization"}
+        check_keys(data, plain | group_keys)
+        kwargs = {k: v for k, v in data.items() if k in plain}
+        for name, group in _GROUPS.items():
+            kwargs[name] = _group(group, data)
         kwargs["mapping"] = _pick(Mapping, data.get("mapping") or {})
         kwargs["quantization"] = _pick(QuantConfig, data.get("quantization") or {})
         return cls(**kwargs)
@@ -215,7 +224,19 @@ _REQUIRED = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden
              "num_key_value_heads", "head_size", "intermediate_size", "norm_epsilon", "rotary_base")
 
 
+def _group(cls: type, data: dict):
+    """The group when any of its keys is present (then its required keys must be too), else None."""
+    names = [f.name for f in fields(cls)]
+    if not any(n in data for n in names):
+        return None
+    try:
+        return cls(**{n: data[n] for n in names if n in data})
+    except TypeError as exc:
+        raise ValueError(f"checkpoint config: incomplete {cls.__name__} keys ({exc})") from None
+
+
 def _pick(cls: type, data: dict):
-    """cls(**data) keeping only cls's fields (TRT-LLM's Mapping also has rank, cp_size, ...)."""
+    """cls(**data) keeping only cls's fields (TRT-LLM's Mapping also has rank, cp_size, ...; checked by
+    checkpoint_keys)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})

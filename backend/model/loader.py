@@ -9,12 +9,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from backend.model.causal_lm import CausalLM
 from backend.model.config import ModelConfig, load_model_config, torch_dtype
-from backend.model.decoder import LlamaForCausalLM, rotary_tables
 from backend.model.quantized_linear import apply_quantization, prepare_quantized
+from backend.model.rotary import RotaryEmbedding
 
 
-def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
+def load_model(ckpt_dir: Path, device: torch.device) -> CausalLM:
     ckpt_dir = Path(ckpt_dir)
     cfg = load_model_config(ckpt_dir)
     if cfg.mapping.world_size != 1:
@@ -24,15 +25,14 @@ def load_model(ckpt_dir: Path, device: torch.device) -> LlamaForCausalLM:
     if not weights_file.is_file():
         raise FileNotFoundError(f"{weights_file} not found: not a TensorRT-LLM checkpoint directory")
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg).to(dtype=torch_dtype(cfg))
+        model = CausalLM(cfg).to(dtype=torch_dtype(cfg))
     model = apply_quantization(model, cfg.quantization, torch_dtype(cfg))
     return load_weights(model, cfg, weights_file, device)
 
 
-def load_weights(model: LlamaForCausalLM, cfg: ModelConfig, weights_file: Path,
-                 device: torch.device) -> LlamaForCausalLM:
+def load_weights(model: CausalLM, cfg: ModelConfig, weights_file: Path, device: torch.device) -> CausalLM:
     """Assign the file's tensors to a meta-device model whose modules are final (sharded, quantized), check that
-    they match exactly, and make it ready to run (rotary tables, kernels' layouts, fused MLP inputs)."""
+    they match exactly, and make it ready to run (rotary embedding, kernels' layouts, fused MLP inputs)."""
     state = load_file(str(weights_file))
     expected = set(model.state_dict().keys())
     missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
@@ -42,5 +42,6 @@ def load_weights(model: LlamaForCausalLM, cfg: ModelConfig, weights_file: Path,
     if not (cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo):
         state = {k: v.to(dtype) for k, v in state.items()}  # a float checkpoint runs in its config's dtype
     model.load_state_dict(state, strict=True, assign=True)
-    model.rope_cos, model.rope_sin = rotary_tables(cfg.head_size, cfg.max_position_embeddings, cfg.rotary_base)
-    return prepare_quantized(model.to(device=device).eval()).fuse()
+    model = model.to(device=device).eval()
+    model.rotary = RotaryEmbedding(model.features.rope, device)
+    return prepare_quantized(model).fuse()

@@ -1,6 +1,7 @@
-"""Quantized linears, applied to a built LlamaForCausalLM from the checkpoint's own quantization block (the model
+"""Quantized linears, applied to a built CausalLM from the checkpoint's own quantization block (the model
 code knows nothing of them): each decoder layer's attention.qkv / attention.dense / mlp.fc / mlp.gate / mlp.proj
-becomes the module that executes its stored tensors (names and shapes: build_engines/shard.py, LINEAR_TENSORS).
+(those the family has: a fused gate/up has no mlp.gate) becomes the module that executes its stored tensors (names
+and shapes: build_engines/shard.py, LINEAR_TENSORS); a linear's bias (Qwen2's qkv) stays float and is kept.
 lm_head and the embedding stay float (what ModelOpt exports by default too), as do modules matched by
 `exclude_modules` (matched against the names in the rank's own file: under pipeline parallelism its layers are
 numbered from 0). With an FP8 KV cache, each attention also holds its kv_cache_scaling_factor (1,), which the
@@ -18,7 +19,7 @@ from torch import nn
 from backend.formats.checkpoint import QuantConfig, layer_prefix
 from backend.formats.fp8 import FP8, fake_quantize_fp8
 from backend.formats.int4 import dequantize, unpack
-from backend.model.decoder import LlamaForCausalLM
+from backend.model.causal_lm import CausalLM
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 # Group sizes torch's CPU INT4 kernel (_weight_int4pack_mm_for_cpu) takes; it also needs out_features % 16 == 0.
@@ -32,11 +33,23 @@ KERNEL_MAX_ROWS = 4
 
 
 class QuantizedLinear(nn.Module):
-    """(..., in_features) -> (..., out_features) in the activations' dtype; bias-free, as the Llama linears."""
+    """(..., in_features) -> (..., out_features) in the activations' dtype: matmul() of the subclass's format, plus
+    the float bias when the linear has one."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        if bias:
+            self._buffer("bias", (out_features,), dtype)
+        else:
+            self.bias = None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.matmul(x)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         self.register_buffer(name, torch.empty(shape, dtype=dtype, device="meta"))
@@ -51,8 +64,9 @@ class QuantizedLinear(nn.Module):
 class W8A16Linear(QuantizedLinear):
     """int8 weight (out, in) x per_channel_scale (out,): torch's CPU int8 weight-only kernel, or dequantized."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig) -> None:
-        super().__init__(in_features, out_features, dtype)
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig,
+                 bias: bool = False) -> None:
+        super().__init__(in_features, out_features, dtype, bias)
         self._buffer("weight", (out_features, in_features), torch.int8)
         self._buffer("per_channel_scale", (out_features,), dtype)
         self._kernel_scale: torch.Tensor | None = None
@@ -70,7 +84,7 @@ class W8A16Linear(QuantizedLinear):
         except (RuntimeError, NotImplementedError, AttributeError):  # no kernel for this device / dtype
             self._kernel_scale = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if self._kernel_scale is None or flat.shape[0] > KERNEL_MAX_ROWS:
             return F.linear(x, self.weight.to(self.dtype) * self.per_channel_scale[:, None])
@@ -83,8 +97,9 @@ class Int4Linear(QuantizedLinear):
     decode-sized inputs where it applies (group in INT4_KERNEL_GROUPS, out % 16 == 0); otherwise the values (held
     unpacked as int8, 1 byte a weight) are dequantized for the call."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig) -> None:
-        super().__init__(in_features, out_features, dtype)
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig,
+                 bias: bool = False) -> None:
+        super().__init__(in_features, out_features, dtype, bias)
         if in_features % quant.group_size:
             raise ValueError(f"INT4 group_size {quant.group_size} does not divide this linear's in_features "
                              f"{in_features}")
@@ -112,7 +127,7 @@ class Int4Linear(QuantizedLinear):
         if self.prequant:
             self.prequant_scaling_factor = self.prequant_scaling_factor.to(self.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.prequant:
             x = x * self.prequant_scaling_factor
         flat = x.reshape(-1, self.in_features).contiguous()
@@ -127,8 +142,9 @@ class Fp8Linear(QuantizedLinear):
     with the calibrated activation_scaling_factor (1,). No FP8 GEMM on CPU: the weight is dequantized once and
     the input goes through FP8 and back, so the numbers are those of an FP8 GEMM (up to accumulation order)."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig) -> None:
-        super().__init__(in_features, out_features, dtype)
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, quant: QuantConfig,
+                 bias: bool = False) -> None:
+        super().__init__(in_features, out_features, dtype, bias)
         self._buffer("weight", (out_features, in_features), FP8)
         self._buffer("weights_scaling_factor", (1,), torch.float32)
         self._buffer("activation_scaling_factor", (1,), torch.float32)
@@ -137,14 +153,14 @@ class Fp8Linear(QuantizedLinear):
     def prepare(self) -> None:
         self._dequantized = (self.weight.float() * self.weights_scaling_factor.float()).to(self.dtype).contiguous()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(fake_quantize_fp8(x, self.activation_scaling_factor), self._dequantized)
 
 
 MODULES: dict[str, type[QuantizedLinear]] = {"W8A16": W8A16Linear, "W4A16_AWQ": Int4Linear, "FP8": Fp8Linear}
 
 
-def apply_quantization(model: LlamaForCausalLM, quant: QuantConfig, dtype: torch.dtype) -> LlamaForCausalLM:
+def apply_quantization(model: CausalLM, quant: QuantConfig, dtype: torch.dtype) -> CausalLM:
     """Swap the decoder layers' linears for `quant`'s modules (sized as the linears they replace: after TP
     sharding, the rank's share) and give each attention its KV scale when the KV cache is FP8."""
     if quant.kv_cache_quant_algo not in (None, "FP8"):
@@ -154,19 +170,30 @@ def apply_quantization(model: LlamaForCausalLM, quant: QuantConfig, dtype: torch
     if quant.quant_algo and cls is None:
         raise ValueError(f"quant_algo {quant.quant_algo!r} is not supported by this runtime ({sorted(MODULES)})")
     for i, layer in enumerate(model.transformer.layers):
-        for name in LINEARS if cls else ():
+        for name in linears_of(layer) if cls else ():
             if quant.excludes(layer_prefix(i) + name):
                 continue
             parent, _, attr = name.rpartition(".")
             old = layer.get_submodule(name)
-            setattr(layer.get_submodule(parent), attr, cls(old.in_features, old.out_features, dtype, quant))
+            setattr(layer.get_submodule(parent), attr,
+                    cls(old.in_features, old.out_features, dtype, quant, bias=old.bias is not None))
         if quant.kv_cache_quant_algo == "FP8":
             layer.attention.register_buffer("kv_cache_scaling_factor",
                                             torch.empty(1, dtype=torch.float32, device="meta"))
     return model
 
 
-def prepare_quantized(model: LlamaForCausalLM) -> LlamaForCausalLM:
+def linears_of(layer: nn.Module) -> list[str]:
+    """The names in LINEARS this decoder layer has (a fused gate/up MLP has no mlp.gate)."""
+    return [name for name in LINEARS if _has(layer, name)]
+
+
+def _has(module: nn.Module, name: str) -> bool:
+    parent, _, attr = name.rpartition(".")
+    return getattr(module.get_submodule(parent), attr, None) is not None
+
+
+def prepare_quantized(model: CausalLM) -> CausalLM:
     """After load_state_dict: every quantized linear converts its tensors for its kernel (no-op for float models)."""
     for module in model.modules():
         if isinstance(module, QuantizedLinear):

@@ -3,24 +3,31 @@ from __future__ import annotations
 
 import torch
 
+from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
-from backend.model.decoder import AttentionMetadata, LlamaForCausalLM
+from backend.model.decoder import AttentionMetadata
 from backend.model.quantized_kv import kv_pools
 from backend.model.step_inputs import StepInputs, step_tensors
+
+
+def model_step_tensors(model: CausalLM, inputs: StepInputs,
+                       device: torch.device) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """step_tensors() for this model: its rotary embedding, its layers' windows, its dtype."""
+    return step_tensors(inputs, model.rotary, set(model.features.windows), torch_dtype(model.config), device)
 
 
 class KVCache:
     """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each (FP8 pools for an FP8 KV
     cache, backend/model/quantized_kv.py)."""
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
         cfg = model.config
         shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
         self.layers = kv_pools(model.transformer.layers, shape, torch_dtype(cfg), device)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
         self.model = model
         self.device = device
         self.kv = KVCache(model, num_blocks, block_size, device)
@@ -28,12 +35,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
-        input_ids, meta, logits_index = self._prepare(inputs)
+        input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device)
         return self.model(input_ids, meta, self.kv.layers, logits_index)
 
     def close(self) -> None:
         """Nothing outlives an in-process runner (backend/model/parallel/driver.py's has worker processes)."""
-
-    def _prepare(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        model = self.model
-        return step_tensors(inputs, model.rope_cos, model.rope_sin, torch_dtype(model.config), self.device)

@@ -5,26 +5,29 @@ from __future__ import annotations
 
 import torch
 
+from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
-from backend.model.decoder import LlamaForCausalLM
 from backend.model.quantized_kv import kv_pools
-from backend.model.step_inputs import StepInputs, step_tensors
+from backend.model.runner import model_step_tensors
+from backend.model.step_inputs import StepInputs
 
 
 @torch.inference_mode()
-def window_logits(model: LlamaForCausalLM, windows: torch.Tensor) -> torch.Tensor:
-    """windows (B, n) int64 token ids -> (B, n, vocab) float32: position j's logits predict token j + 1."""
+def window_logits(model: CausalLM, windows: torch.Tensor) -> torch.Tensor:
+    """windows (B, n) int64 token ids -> (B, n, vocab) float32: position j's logits predict token j + 1.
+
+    Each window is a whole prompt to the model (its rope state is that of an n-token prompt)."""
     if windows.dim() != 2 or windows.shape[1] == 0:
         raise ValueError(f"windows must be (batch, tokens) with tokens >= 1, got shape {tuple(windows.shape)}")
     cfg = model.config
     B, n = windows.shape
     if n > cfg.max_position_embeddings:
         raise ValueError(f"windows of {n} tokens exceed max_position_embeddings ({cfg.max_position_embeddings})")
-    device, dtype = model.rope_cos.device, torch_dtype(cfg)
-    inputs = StepInputs(tokens=windows.reshape(-1).long(), start=torch.zeros(B, dtype=torch.long),
-                        end=torch.full((B,), n), sampled=torch.ones(B, dtype=torch.long),
-                        context_slots=torch.arange(B * n).view(B, n))
-    input_ids, meta, _ = step_tensors(inputs, model.rope_cos, model.rope_sin, dtype, device)
+    device, dtype = model.lm_head.weight.device, torch_dtype(cfg)
+    inputs = StepInputs.of(tokens=windows.reshape(-1).long(), start=torch.zeros(B, dtype=torch.long),
+                           end=torch.full((B,), n), sampled=torch.ones(B, dtype=torch.long),
+                           context_slots=torch.arange(B * n).view(B, n))
+    input_ids, meta, _ = model_step_tensors(model, inputs, device)
     kv = kv_pools(model.transformer.layers, (B * n, cfg.num_key_value_heads, cfg.head_size), dtype, device)
     logits = model(input_ids, meta, kv, torch.arange(B * n, device=device))  # (B * n, vocab)
     return logits.view(B, n, -1)

@@ -1,8 +1,9 @@
 """What a model step needs, and nothing engine-side: the boundary between the scheduler's batch and the model.
 
-StepInputs is small (token ids, each sequence's new-token range and KV slots) and packs into two int64 tensors,
-so the parallel runtime's driver can broadcast it to every rank (backend/model/parallel/); each rank then derives the
-AttentionMetadata itself with step_tensors(), the same code the single-process ModelRunner uses.
+StepInputs is small (token ids, each sequence's new-token range, context window, rope state and KV slots) and packs
+into two int64 tensors, so the parallel runtime's driver can broadcast it to every rank (backend/model/parallel/);
+each rank then derives the AttentionMetadata itself with step_tensors(), the same code the single-process
+ModelRunner uses.
 """
 from __future__ import annotations
 
@@ -11,68 +12,88 @@ from dataclasses import dataclass
 import torch
 
 from backend.model.decoder import AttentionMetadata
+from backend.model.rotary import RotaryEmbedding
 
 _HEADER = 3  # T, B, L
+_PER_SEQ = ("start", "end", "sampled", "ctx_start", "prompt_len", "total_len")
 
 
 @dataclass(frozen=True)
 class StepInputs:
-    """T = tokens this step, B = sequences, L = longest context (cached + new). All int64 on CPU."""
+    """T = tokens this step, B = sequences, L = longest context kept (cached + new). All int64 on CPU."""
 
     tokens: torch.Tensor  # (T,) new token ids, sequence after sequence
     start: torch.Tensor  # (B,) first new position of each sequence
     end: torch.Tensor  # (B,) context length after this step
     sampled: torch.Tensor  # (B,) 1 where the sequence yields its next token this step
-    context_slots: torch.Tensor  # (B, L) KV cache slot of each context position, padded with 0
+    context_slots: torch.Tensor  # (B, L) KV cache slot of context positions ctx_start.., padded with 0
+    ctx_start: torch.Tensor  # (B,) position of context_slots' first column (> 0 when a sliding window dropped keys)
+    prompt_len: torch.Tensor  # (B,) the request's prompt length (rope state: dynamic NTK)
+    total_len: torch.Tensor  # (B,) the sequence's whole length, prompt + generated, this step (rope state: longrope)
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor, start: torch.Tensor, end: torch.Tensor, sampled: torch.Tensor,
+           context_slots: torch.Tensor, ctx_start: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None,
+           total_len: torch.Tensor | None = None) -> StepInputs:
+        """Whole contexts from position 0, each sequence's prompt and total being its context (scoring windows)."""
+        zeros = torch.zeros_like(start)
+        return cls(tokens, start, end, sampled, context_slots, zeros if ctx_start is None else ctx_start,
+                   end if prompt_len is None else prompt_len, end if total_len is None else total_len)
 
     @property
     def num_sampled(self) -> int:
         return int(self.sampled.sum())
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(header (3,) = [T, B, L], payload (T + 3B + B*L,)): what the driver broadcasts."""
+        """(header (3,) = [T, B, L], payload (T + 6B + B*L,)): what the driver broadcasts."""
         B, L = self.context_slots.shape
         header = torch.tensor([self.tokens.numel(), B, L], dtype=torch.long)
-        payload = torch.cat([self.tokens, self.start, self.end, self.sampled, self.context_slots.reshape(-1)])
+        per_seq = [getattr(self, name) for name in _PER_SEQ]
+        payload = torch.cat([self.tokens, *per_seq, self.context_slots.reshape(-1)])
         return header, payload.long()
 
     @staticmethod
     def payload_size(header: torch.Tensor) -> int:
         T, B, L = header.tolist()
-        return T + 3 * B + B * L
+        return T + len(_PER_SEQ) * B + B * L
 
     @classmethod
     def unpack(cls, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:
         T, B, L = header.tolist()
-        tokens, start, end, sampled, slots = payload.split([T, B, B, B, B * L])
-        return cls(tokens, start, end, sampled, slots.view(B, L))
+        tokens, *per_seq, slots = payload.split([T] + [B] * len(_PER_SEQ) + [B * L])
+        return cls(tokens, *per_seq[:3], slots.view(B, L), *per_seq[3:])
 
 
-def step_tensors(inputs: StepInputs, rope_cos: torch.Tensor, rope_sin: torch.Tensor, dtype: torch.dtype,
+def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int | None], dtype: torch.dtype,
                  device: torch.device) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """(input_ids (T,), AttentionMetadata, logits_index (S,)), built with vectorised ops (no per-token Python)."""
-    start, end, ctx_slots = inputs.start, inputs.end, inputs.context_slots
+    """(input_ids (T,), AttentionMetadata, logits_index (S,)), built with vectorised ops (no per-token Python).
+    `windows`: the distinct sliding windows of the model's layers (None: full attention), one mask each."""
+    start, end, ctx_slots, ctx0 = inputs.start, inputs.end, inputs.context_slots, inputs.ctx_start
     q_len = end - start
     B, L = ctx_slots.shape
     Q = int(q_len.max())
-    keys = torch.arange(L)
-    ctx_valid = keys[None, :] < end[:, None]  # (B, L)
+    key_pos = ctx0[:, None] + torch.arange(L)  # (B, L) position held by each context column
+    ctx_valid = key_pos < end[:, None]
     offsets = torch.arange(Q)
     q_valid = offsets[None, :] < q_len[:, None]  # (B, Q)
-    q_pos = torch.where(q_valid, start[:, None] + offsets, 0)  # (B, Q); padded queries sit at position 0
+    # Padded queries repeat the sequence's first query (their rows are dropped), so no mask row is empty.
+    q_pos = torch.where(q_valid, start[:, None] + offsets, start[:, None])  # (B, Q)
     first = torch.cumsum(q_len, 0) - q_len  # (B,) flat index of each sequence's first new token
     q_idx = torch.where(q_valid, first[:, None] + offsets, 0)
-    # Query at position p sees keys at positions <= p; padded queries see key 0 only, so no row is empty.
-    mask = (keys[None, None, :] <= q_pos[:, :, None]) & ctx_valid[:, None, :]  # (B, Q, L)
-    positions = q_pos[q_valid].to(device)  # (T,)
+    causal = (key_pos[:, None, :] <= q_pos[:, :, None]) & ctx_valid[:, None, :]  # (B, Q, L)
+    masks = {w: (causal if w is None else causal & (key_pos[:, None, :] > q_pos[:, :, None] - w))[:, None].to(device)
+             for w in windows}
+    positions = q_pos[q_valid]  # (T,)
+    per_token = [t[:, None].expand(B, Q)[q_valid] for t in (inputs.prompt_len, inputs.total_len)]
+    cos, sin = rotary.cos_sin(positions, *per_token)
     meta = AttentionMetadata(
-        slot_mapping=ctx_slots.gather(1, q_pos)[q_valid].to(device),
+        slot_mapping=ctx_slots.gather(1, q_pos - ctx0[:, None])[q_valid].to(device),
         query_index=q_idx.to(device),
         query_flat=(torch.arange(B)[:, None] * Q + offsets)[q_valid].to(device),
         context_slots=ctx_slots.to(device),
-        mask=mask[:, None].to(device),
-        cos=rope_cos[positions].to(dtype),
-        sin=rope_sin[positions].to(dtype),
+        masks=masks,
+        cos=cos.to(dtype),
+        sin=sin.to(dtype),
     )
     logits_index = (first + q_len - 1)[inputs.sampled.bool()]  # the last new token of each sequence that samples
     return inputs.tokens.to(device), meta, logits_index.to(device)

@@ -31,6 +31,7 @@ from build_engines.convert import TORCH_DTYPES
 from build_engines.quantize.awq import search_scale
 from build_engines.quantize.calibration import ActivationStats, LinearInputStats, calibrate
 from build_engines.quantize.methods import KvCacheMethod, QuantMethod, parse_method
+from build_engines.side_files import copy_side_files
 
 METHODS = tuple(m.value for m in QuantMethod)
 KV_CACHE_METHODS = tuple(m.value for m in KvCacheMethod)
@@ -80,7 +81,9 @@ def quantize_weights(weights: dict[str, torch.Tensor], num_layers: int, quant: Q
     for i in tqdm(range(num_layers), desc=f"quantizing ({method})", unit="layer", disable=not progress):
         if method is not QuantMethod.NONE:
             for group in SHARED_INPUT:
-                names = [layer_prefix(i) + n for n in group if not quant.excludes(layer_prefix(i) + n)]
+                # (a fused gate/up checkpoint has no mlp.gate)
+                names = [layer_prefix(i) + n for n in group if not quant.excludes(layer_prefix(i) + n)
+                         and f"{layer_prefix(i)}{n}.weight" in weights]
                 if names:
                     out.update(_quantize_group(weights, names, method, quant, stats, dtype))
         if quant.kv_cache_quant_algo == "FP8":
@@ -159,4 +162,5 @@ def quantize_checkpoint(src_ckpt_dir: Path, out_dir: Path, method: str, kv_cache
     with atomic_dir(out_dir) as tmp:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / rank_file(0)), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+        copy_side_files(src_ckpt_dir, tmp)
     return out_dir

@@ -17,8 +17,8 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from backend.formats.checkpoint import layer_prefix
+from backend.model.causal_lm import CausalLM
 from backend.model.config import load_model_config
-from backend.model.decoder import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.model.scoring import window_logits
 from build_engines.corpus import heldout_part_text
@@ -100,7 +100,7 @@ def calibrate(ckpt_dir: Path, tokenizer_dir: Path, calib_text: Path | None = Non
     return collect_stats(model, tokens, min(seq_len, cfg.max_position_embeddings), sample_rows, progress)
 
 
-def collect_stats(model: LlamaForCausalLM, tokens: torch.Tensor, seq_len: int, sample_rows: int = 512,
+def collect_stats(model: CausalLM, tokens: torch.Tensor, seq_len: int, sample_rows: int = 512,
                   progress: bool = True, batch_windows: int = 4) -> ActivationStats:
     """Run `tokens` (n,) through `model` in windows of seq_len (the last one shorter) with input hooks."""
     if sample_rows < 1:
@@ -143,7 +143,7 @@ def _by_length(windows: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.stack(full)] + [w[None] for w in rest]
 
 
-def _run_window_batch(model: LlamaForCausalLM, windows: torch.Tensor, kv_amax: list[list[float]]) -> None:
+def _run_window_batch(model: CausalLM, windows: torch.Tensor, kv_amax: list[list[float]]) -> None:
     """Forward (B, n) windows. After each attention ran, its KV pools (fresh for this forward) hold exactly the
     K (after RoPE) and V of these windows: their maxima are what an FP8 cache must represent."""
     captured: list[tuple[float, float]] = []

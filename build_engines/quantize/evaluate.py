@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from backend.formats.checkpoint import layer_prefix
-from backend.model.decoder import LlamaForCausalLM
+from backend.model.causal_lm import CausalLM
 from backend.model.loader import load_model
+from backend.model.quantized_linear import linears_of
 from backend.model.scoring import window_logits
 from build_engines.quantize.calibration import INPUTS, collect_stats, text_tokens
 
@@ -59,8 +60,8 @@ def evaluate_quality(ckpt_dir: Path, tokenizer_dir: Path, reference_dir: Path | 
     return score_tokens({"model": model}, tokens, seq_len, reference, progress)["model"]
 
 
-def score_tokens(models: dict[str, LlamaForCausalLM], tokens: torch.Tensor, seq_len: int,
-                 reference: LlamaForCausalLM | None = None, progress: bool = False,
+def score_tokens(models: dict[str, CausalLM], tokens: torch.Tensor, seq_len: int,
+                 reference: CausalLM | None = None, progress: bool = False,
                  batch_windows: int = 4) -> dict[str, QualityReport]:
     """A QualityReport per model over tokens (n,) cut into windows of seq_len; the reference runs once."""
     if seq_len < 2:
@@ -105,7 +106,7 @@ class LayerErrorReport:
     per_linear: dict[str, float]  # linear name -> its summed squared output error
 
 
-def layer_output_errors(reference: LlamaForCausalLM, models: dict[str, LlamaForCausalLM], tokens: torch.Tensor,
+def layer_output_errors(reference: CausalLM, models: dict[str, CausalLM], tokens: torch.Tensor,
                         seq_len: int = 256, sample_rows: int = 1024) -> dict[str, LayerErrorReport]:
     """A LayerErrorReport per model: its linears run on the reference's recorded inputs over tokens (n,)."""
     stats = collect_stats(reference, tokens, seq_len, sample_rows, progress=False)
@@ -115,7 +116,7 @@ def layer_output_errors(reference: LlamaForCausalLM, models: dict[str, LlamaForC
         for i, layer in enumerate(reference.transformer.layers):
             for _, linears in INPUTS:
                 x = stats.linears[layer_prefix(i) + linears[0]].samples  # (rows, in) float32
-                for linear in linears:
+                for linear in (n for n in linears if n in linears_of(layer)):
                     want = layer.get_submodule(linear)(x.to(layer.input_layernorm.weight.dtype)).float()
                     ref_norm += float(want.pow(2).sum())
                     for name, model in models.items():

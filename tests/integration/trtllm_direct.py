@@ -23,14 +23,14 @@ def _enqueue(responses: queue.Queue, result, error) -> None:
 
 
 def stream_infer(url: str, model: str, inputs: list[grpcclient.InferInput],
-                 timeout_s: float = 120.0) -> list[grpcclient.InferResult]:
+                 timeout_s: float = 120.0, model_version: str = "") -> list[grpcclient.InferResult]:
     """Every response of one request, up to the final one; raises the server's error."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     results = []
     try:
         client.start_stream(callback=partial(_enqueue, responses))
-        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, model_version=model_version, enable_empty_final_response=True)
         while True:
             result, error = responses.get(timeout=timeout_s)
             if error is not None:
@@ -44,7 +44,7 @@ def stream_infer(url: str, model: str, inputs: list[grpcclient.InferInput],
 
 
 def generate_ids(url: str, prompt_ids: list[int], max_tokens: int, streaming: bool, end_id: int,
-                 **extra: np.ndarray) -> list[list[int]]:
+                 model_version: str = "", **extra: np.ndarray) -> list[list[int]]:
     """The output_ids of each tensorrt_llm response, in order (one list when not streaming)."""
     inputs = {
         "input_ids": np.array([prompt_ids], dtype=np.int32),
@@ -54,5 +54,5 @@ def generate_ids(url: str, prompt_ids: list[int], max_tokens: int, streaming: bo
         "streaming": np.array([[streaming]], dtype=bool),
         **extra,
     }
-    results = stream_infer(url, "tensorrt_llm", [tensor(k, v) for k, v in inputs.items()])
+    results = stream_infer(url, "tensorrt_llm", [tensor(k, v) for k, v in inputs.items()], model_version=model_version)
     return [r.as_numpy("output_ids").reshape(-1).tolist() for r in results if r.as_numpy("output_ids") is not None]

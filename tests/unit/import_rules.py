@@ -30,7 +30,7 @@ RULES = (
     # Scheduling never pulls in the torch model: the batch is plain sequences and block tables.
     *(Rule(f"backend.engine.{name}", ("backend.engine", "backend.errors"), TRITON)
       for name in ("config", "sampling_params", "sequence", "prefix_cache", "block_manager", "scheduler",
-                   "scheduler_output", "stats")),
+                   "scheduler_output", "stats", "rope_regime")),
     Rule("backend.policy", ("backend.policy", "backend.errors"), TRITON + ("torch",)),
     Rule("backend.serving", ("backend",), TRITON),
     Rule("backend", ("backend",), TRITON),

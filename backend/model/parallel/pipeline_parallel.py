@@ -1,4 +1,4 @@
-"""Pipeline parallelism applied to a built LlamaForCausalLM: each stage keeps its range of layers (TRT-LLM's
+"""Pipeline parallelism applied to a built CausalLM: each stage keeps its range of layers (TRT-LLM's
 Mapping.pp_layers split: the first stages take one extra layer when the split is uneven), the first stage the
 embedding, the last the final norm and lm_head. Hidden states go stage to stage with point-to-point send/recv,
 tp_rank to the same tp_rank; within a step the stages run one after the other (no micro-batching).
@@ -10,10 +10,11 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.formats.rank_layout import RankPosition
-from backend.model.decoder import AttentionMetadata, LlamaForCausalLM
+from backend.model.causal_lm import CausalLM
+from backend.model.decoder import AttentionMetadata
 
 
-def apply_pipeline(model: LlamaForCausalLM, pos: RankPosition) -> LlamaForCausalLM:
+def apply_pipeline(model: CausalLM, pos: RankPosition) -> CausalLM:
     """Drop what other stages hold; the kept layers are renumbered from 0, as the stage's rank file names them."""
     if pos.pp_size == 1:
         return model
@@ -28,7 +29,7 @@ def apply_pipeline(model: LlamaForCausalLM, pos: RankPosition) -> LlamaForCausal
 
 
 def stage_forward(
-    model: LlamaForCausalLM,
+    model: CausalLM,
     pos: RankPosition,
     input_ids: torch.Tensor,  # (T,)
     meta: AttentionMetadata,
@@ -36,18 +37,17 @@ def stage_forward(
     logits_index: torch.Tensor,  # (S,)
     dtype: torch.dtype,
 ) -> torch.Tensor | None:
-    """This stage's part of LlamaForCausalLM.forward: logits (S, vocab) on the last stage, None elsewhere."""
+    """This stage's part of CausalLM.forward: logits (S, vocab) on the last stage, None elsewhere."""
     if pos.is_first_stage:
-        x = model.transformer.vocab_embedding(input_ids)
+        x = model.embed(input_ids)
     else:
         x = torch.empty(input_ids.shape[0], model.config.hidden_size, dtype=dtype, device=input_ids.device)
         dist.recv(x, src=pos.prev_stage_rank)  # (T, hidden) from the previous stage
-    for layer, (k_cache, v_cache) in zip(model.transformer.layers, kv_caches):
-        x = layer(x, k_cache, v_cache, meta)
+    x = model.run_layers(x, meta, kv_caches)
     if not pos.is_last_stage:
         dist.send(x.contiguous(), dst=pos.next_stage_rank)
         return None
-    return model.lm_head(model.transformer.ln_f(x[logits_index])).float()
+    return model.head(x[logits_index])
 
 
 def logits_to_driver(logits: torch.Tensor | None, pos: RankPosition, num_sampled: int, vocab_size: int,

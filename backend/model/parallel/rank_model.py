@@ -9,23 +9,24 @@ import torch.distributed as dist
 
 from backend.formats.checkpoint import rank_file
 from backend.formats.rank_layout import RankPosition, kv_heads_per_rank
+from backend.model.causal_lm import CausalLM
 from backend.model.config import ModelConfig, torch_dtype
-from backend.model.decoder import LlamaForCausalLM
 from backend.model.loader import load_weights
 from backend.model.parallel.pipeline_parallel import apply_pipeline, logits_to_driver, stage_forward
 from backend.model.parallel.tensor_parallel import add_all_reduce, shard_linears
 from backend.model.quantized_kv import kv_pools
 from backend.model.quantized_linear import apply_quantization
-from backend.model.step_inputs import StepInputs, step_tensors
+from backend.model.runner import model_step_tensors
+from backend.model.step_inputs import StepInputs
 
 
 def load_rank_model(ckpt_dir: Path, cfg: ModelConfig, pos: RankPosition, tp_group: dist.ProcessGroup,
-                    device: torch.device) -> LlamaForCausalLM:
+                    device: torch.device) -> CausalLM:
     """Build the whole model on the meta device (no memory), cut it to this rank (pipeline stage, then tensor-
     parallel shares, then quantized linears of those shares, then the all-reduces), load the rank's file."""
     dtype = torch_dtype(cfg)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg).to(dtype=dtype)
+        model = CausalLM(cfg).to(dtype=dtype)
     shard_linears(apply_pipeline(model, pos), pos.tp_size, tp_group)
     model = apply_quantization(model, cfg.quantization, dtype)
     add_all_reduce(model, pos.tp_size, tp_group)
@@ -51,6 +52,6 @@ class RankModel:
     def execute(self, inputs: StepInputs) -> torch.Tensor | None:
         """Logits (S, vocab) float32 on rank 0; None on the other ranks."""
         m = self.model
-        input_ids, meta, logits_index = step_tensors(inputs, m.rope_cos, m.rope_sin, self.dtype, self.device)
+        input_ids, meta, logits_index = model_step_tensors(m, inputs, self.device)
         logits = stage_forward(m, self.pos, input_ids, meta, self.kv, logits_index, self.dtype)
         return logits_to_driver(logits, self.pos, inputs.num_sampled, self.cfg.vocab_size, self.device)

@@ -14,12 +14,12 @@ from backend.formats.checkpoint import (
     LM_HEAD,
     LN_F,
     VOCAB_EMBEDDING,
-    LayerNames,
     Mapping,
     QuantConfig,
     TrtllmCheckpointConfig,
     rank_file,
 )
+from backend.formats.checkpoint_tensors import LayerNames, expected_shapes, qkv_split_sizes
 from build_engines.cli import main
 from build_engines.convert import convert_hf_to_trtllm
 from build_engines.tokenizer import endoftext_id
@@ -27,9 +27,12 @@ from build_engines.tokenizer import endoftext_id
 EXPECTED_KEYS = {
     "architecture", "dtype", "logits_dtype", "vocab_size", "max_position_embeddings", "hidden_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_size", "intermediate_size",
-    "hidden_act", "norm_epsilon", "position_embedding_type", "rotary_base", "rotary_scaling",
-    "share_embedding_table", "mapping", "quantization", "bos_token_id", "eos_token_id",
+    "hidden_act", "norm_epsilon", "position_embedding_type", "rotary_base", "rotary_scaling", "rotary_pct",
+    "attn_bias", "mlp_bias", "qk_layernorm", "tie_word_embeddings", "share_embedding_table", "use_parallel_embedding",
+    "embedding_sharding_dim", "sliding_window", "layer_types", "mapping", "quantization", "bos_token_id",
+    "eos_token_id",
 }
+SIDE_FILES = ["generation_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
 
 
 # tokenizer_dir and tiny_hf_dir (make_tiny_random, seed 0) come from tests/conftest.py.
@@ -54,27 +57,30 @@ def test_config_json(trt_dir, tokenizer_dir):
         "max_position_embeddings": 2048, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_size": 16, "intermediate_size": 128, "hidden_act": "silu",
         "norm_epsilon": 1e-5, "position_embedding_type": "rope_gpt_neox", "rotary_base": 10000.0,
-        "rotary_scaling": None, "share_embedding_table": False,
+        "rotary_scaling": None, "rotary_pct": 1.0, "attn_bias": False, "mlp_bias": False, "qk_layernorm": False,
+        "tie_word_embeddings": False, "share_embedding_table": False, "use_parallel_embedding": False,
+        "embedding_sharding_dim": 0, "sliding_window": None, "layer_types": None,
         "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
         "quantization": {"quant_algo": None, "kv_cache_quant_algo": None, "group_size": 128,
                          "has_zero_point": False, "pre_quant_scale": False, "exclude_modules": None},
         "bos_token_id": eot, "eos_token_id": eot,
     }
-    assert sorted(p.name for p in trt_dir.iterdir()) == ["config.json", rank_file(0)]
+    # The tokenizer and generation config travel with the artifact (build_engines/side_files.py).
+    assert sorted(p.name for p in trt_dir.iterdir()) == sorted(["config.json", rank_file(0), *SIDE_FILES])
 
 
 def test_tensors_are_the_hf_tensors_reassembled(trt_dir, tiny_hf_dir):
     config = TrtllmCheckpointConfig.from_json(trt_dir)
     trt = load_file(str(trt_dir / rank_file(0)))
     hf = load_file(str(tiny_hf_dir / "model.safetensors"))
-    assert {k: tuple(v.shape) for k, v in trt.items()} == config.expected_shapes()
+    assert {k: tuple(v.shape) for k, v in trt.items()} == expected_shapes(config)
     assert all(t.dtype == torch.float32 for t in trt.values())
     assert torch.equal(trt[VOCAB_EMBEDDING], hf["model.embed_tokens.weight"])
     assert torch.equal(trt[LN_F], hf["model.norm.weight"])
     assert torch.equal(trt[LM_HEAD], hf["lm_head.weight"])
     for i in range(config.num_hidden_layers):
         n, p = LayerNames.of(i), f"model.layers.{i}."
-        q, k, v = trt[n.qkv].split(config.qkv_split_sizes, dim=0)
+        q, k, v = trt[n.qkv].split(qkv_split_sizes(config), dim=0)
         assert torch.equal(q, hf[p + "self_attn.q_proj.weight"])
         assert torch.equal(k, hf[p + "self_attn.k_proj.weight"])
         assert torch.equal(v, hf[p + "self_attn.v_proj.weight"])
@@ -174,11 +180,11 @@ def test_convert_rejects_bad_inputs(tmp_path, tiny_hf_dir):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ValueError, match="only LlamaForCausalLM"):
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' .* is not supported \(learned absolute positions"):
         convert_hf_to_trtllm(gpt2, tmp_path / "out")
     config = LlamaConfig.from_pretrained(tiny_hf_dir)
     config.attention_bias = True
     LlamaForCausalLM(config).save_pretrained(tmp_path / "biased")
-    with pytest.raises(ValueError, match="biases is not supported"):
+    with pytest.raises(ValueError, match="attention_bias=True is not supported"):
         convert_hf_to_trtllm(tmp_path / "biased", tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -4,6 +4,7 @@ build_engines/shard.py expects (a quantized checkpoint shards), calibration stat
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -155,8 +156,12 @@ def test_refusals(tiny_ckpt_dir, tokenizer_dir, quantized_tiny, stats, tmp_path)
         apply.quantize_weights(weights, 2, apply.quant_config("int8_wo", "fp8"), None, torch.float32)
     with pytest.raises(ValueError, match="already quantized"):
         apply.quantize_checkpoint(quantized_tiny("int8_wo"), tmp_path / "x", "int4_rtn", group_size=GROUP)
+    bare = tmp_path / "bare"  # a checkpoint without the tokenizer files convert.py copies beside the weights
+    bare.mkdir()
+    for name in ("config.json", "rank0.safetensors"):
+        shutil.copyfile(tiny_ckpt_dir / name, bare / name)
     with pytest.raises(ValueError, match="no tokenizer in .*pass tokenizer_dir"):
-        apply.quantize_checkpoint(tiny_ckpt_dir, tmp_path / "x", "fp8")
+        apply.quantize_checkpoint(bare, tmp_path / "x", "fp8")
     with pytest.raises(FileNotFoundError, match="text file .*nope.txt not found"):
         apply.quantize_checkpoint(tiny_ckpt_dir, tmp_path / "x", "int4_awq", group_size=GROUP,
                                   tokenizer_dir=tokenizer_dir, calib_text=tmp_path / "nope.txt")

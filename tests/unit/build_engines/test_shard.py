@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from backend.formats.checkpoint import LM_HEAD, LN_F, VOCAB_EMBEDDING, LayerNames, TrtllmCheckpointConfig
+from backend.formats.checkpoint import LM_HEAD, LN_F, VOCAB_EMBEDDING, TrtllmCheckpointConfig
+from backend.formats.checkpoint_tensors import LayerNames, qkv_split_sizes
 from backend.formats.rank_layout import RankPosition, padded_vocab, pp_layers
 from build_engines.cli import main as cli_main
 from build_engines.shard import shard_checkpoint, split_qkv, split_vocab
@@ -53,8 +54,7 @@ def test_config_mapping_and_other_keys_kept(ckpt, tmp_path):
     src = json.loads((ckpt / "config.json").read_text())
     assert raw["mapping"]["world_size"] == 4 and raw["mapping"]["tp_size"] == 2 and raw["mapping"]["pp_size"] == 2
     assert raw["vocab_size"] == src["vocab_size"]  # TRT-LLM keeps the true vocabulary; only lm_head is padded
-    assert {k: v for k, v in raw.items() if k not in ("mapping", "use_parallel_embedding")} == \
-        {k: v for k, v in src.items() if k != "mapping"}
+    assert {k: v for k, v in raw.items() if k != "mapping"} == {k: v for k, v in src.items() if k != "mapping"}
     assert sorted(p.name for p in out.glob("rank*.safetensors")) == [f"rank{r}.safetensors" for r in range(4)]
     assert TrtllmCheckpointConfig.from_json(out).mapping.world_size == 4
 
@@ -77,7 +77,7 @@ def test_tp2_shapes_and_reassembly(ckpt, tmp_path):
         for name in (n.input_layernorm, n.post_layernorm):
             assert all(torch.equal(r[name], full[name]) for r in ranks)
         # qkv: each rank's q, k, v are its heads; concatenated per part they give the original parts back.
-        q, k, v = full[n.qkv].split(cfg.qkv_split_sizes)
+        q, k, v = full[n.qkv].split(qkv_split_sizes(cfg))
         parts = [r[n.qkv].split([nh // 2 * hd, nkv // 2 * hd, nkv // 2 * hd]) for r in ranks]
         for j, whole in enumerate((q, k, v)):
             assert torch.equal(torch.cat([p[j] for p in parts]), whole)
@@ -96,7 +96,7 @@ def test_lm_head_vocab_padded_to_multiple_of_tp():
 def test_kv_heads_replicated_when_tp_exceeds_them(ckpt):
     cfg = TrtllmCheckpointConfig.from_json(ckpt)  # 4 heads, 2 KV heads
     qkv = _load(ckpt, 0)[LayerNames.of(0).qkv]
-    q, k, v = qkv.split(cfg.qkv_split_sizes)
+    q, k, v = qkv.split(qkv_split_sizes(cfg))
     hd = cfg.head_size
     for rank in range(4):
         local = split_qkv(qkv, cfg, 4, rank)

@@ -1,5 +1,6 @@
 """The tensorrt_llm target without TensorRT-LLM: trtllm-build's command line from a spec, the message where it
-cannot run, and the mapping of our config and requests onto tensorrt_llm.bindings.executor's arguments."""
+cannot run, what it refuses per family, and the mapping of our config, requests and sliding windows onto
+tensorrt_llm.bindings.executor's arguments."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,9 +11,16 @@ import pytest
 from backend.engine.config import EngineConfig
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
-from backend.engine.trtllm_executor import TrtllmExecutorEngine, executor_settings, is_engine_dir, request_settings
-from build_engines.spec import BuildSpec, Limits
-from build_engines.trtllm_target import TrtllmUnavailable, check_available, trtllm_build_argv
+from backend.engine.trtllm_executor import (
+    TrtllmExecutorEngine,
+    attention_windows,
+    executor_settings,
+    is_engine_dir,
+    request_settings,
+)
+from backend.formats.checkpoint import TrtllmCheckpointConfig
+from build_engines.spec import BuildSpec, Limits, SpecError
+from build_engines.trtllm_target import TrtllmUnavailable, check_available, check_buildable, trtllm_build_argv
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 
@@ -77,3 +85,28 @@ def test_request_settings_map_sampling_and_words():
     assert sampled["sampling_config"] == {"beam_width": 1, "seed": 3, "min_tokens": 1, "repetition_penalty": 1.2,
                                           "top_p": 0.9, "temperature": 0.7}
     assert sampled["bad_words"] == [[9]] and sampled["output_config"]["return_log_probs"] is True
+
+
+def test_sliding_layers_become_the_executors_attention_windows():
+    gemma = {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"] * 2}
+    assert attention_windows(gemma, 512) == [16, 512, 16, 512]
+    assert attention_windows({"sliding_window": 4096, "layer_types": ["sliding_attention"] * 2}, 1024) == [1024, 1024]
+    assert attention_windows({"sliding_window": None, "layer_types": None}, 512) is None
+    cfg = EngineConfig(max_batch_size=8, max_num_tokens=512, max_input_len=256, max_seq_len=512, device="cpu")
+    assert executor_settings(cfg, [16, 512])["kv_cache_config"]["max_attention_window"] == [16, 512]
+    assert "max_attention_window" not in executor_settings(cfg)["kv_cache_config"]
+
+
+@pytest.mark.parametrize("name, spec_fields, message", [
+    ("llama_dynamic", {}, "rotary_scaling type 'dynamic' .* is not buildable by TensorRT-LLM 1.2"),
+    ("phi3_128k", {"tp_size": 2}, "no tensor parallelism for Phi-3"),
+    ("gemma2", {"limits": Limits(max_input_len=4096, max_seq_len=8192, max_num_tokens=8192)},
+     "Gemma 2 sequences up to 4096"),
+])
+def test_what_tensorrt_llm_cannot_build_is_refused(family_checkpoint, name, spec_fields, message):
+    hf_dir, ckpt = family_checkpoint(name)
+    spec = BuildSpec(name="t", source=str(hf_dir), dtype="bfloat16", target="tensorrt_llm", **spec_fields)
+    with pytest.raises(SpecError, match=message):
+        check_buildable(TrtllmCheckpointConfig.from_json(ckpt), spec)
+    check_buildable(TrtllmCheckpointConfig.from_json(family_checkpoint("qwen3")[1]),
+                    BuildSpec(name="t", source=str(hf_dir), dtype="bfloat16", target="tensorrt_llm", tp_size=2))

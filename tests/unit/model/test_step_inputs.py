@@ -1,35 +1,53 @@
-"""StepInputs: what the parallel driver broadcasts survives pack/unpack, and builds the same tensors."""
+"""StepInputs: what the parallel driver broadcasts survives pack/unpack, and builds the same tensors (positions, KV
+slots, per-window masks, per-token rotary state)."""
 from __future__ import annotations
 
 import torch
 
-from backend.model.decoder import rotary_tables
+from backend.model.rope import RopeSpec
+from backend.model.rotary import RotaryEmbedding
 from backend.model.step_inputs import StepInputs, step_tensors
+
+ROTARY = RotaryEmbedding(RopeSpec("default", 10000.0, 8, 32), torch.device("cpu"))
 
 
 def _inputs() -> StepInputs:
     # Two sequences: a 3-token prefill chunk at positions 4..6 that does not sample yet, and a decode at 9.
-    return StepInputs(tokens=torch.tensor([11, 12, 13, 14]), start=torch.tensor([4, 9]), end=torch.tensor([7, 10]),
-                      sampled=torch.tensor([0, 1]), context_slots=torch.arange(20).view(2, 10))
+    return StepInputs.of(tokens=torch.tensor([11, 12, 13, 14]), start=torch.tensor([4, 9]), end=torch.tensor([7, 10]),
+                         sampled=torch.tensor([0, 1]), context_slots=torch.arange(20).view(2, 10))
 
 
 def test_pack_unpack_round_trip():
-    inputs = _inputs()
+    inputs = StepInputs(**{**_inputs().__dict__, "ctx_start": torch.tensor([0, 2]),
+                           "prompt_len": torch.tensor([7, 5]), "total_len": torch.tensor([7, 10])})
     header, payload = inputs.pack()
     assert header.tolist() == [4, 2, 10] and payload.numel() == StepInputs.payload_size(header)
     back = StepInputs.unpack(header, payload)
-    for name in ("tokens", "start", "end", "sampled", "context_slots"):
+    for name in ("tokens", "start", "end", "sampled", "context_slots", "ctx_start", "prompt_len", "total_len"):
         assert torch.equal(getattr(back, name), getattr(inputs, name)), name
     assert back.num_sampled == 1
 
 
 def test_step_tensors_layout():
-    cos, sin = rotary_tables(8, 32, 10000.0)
-    ids, meta, logits_index = step_tensors(_inputs(), cos, sin, torch.float32, torch.device("cpu"))
+    ids, meta, logits_index = step_tensors(_inputs(), ROTARY, {None, 3}, torch.float32, torch.device("cpu"))
     assert ids.tolist() == [11, 12, 13, 14]
     assert meta.slot_mapping.tolist() == [4, 5, 6, 19]  # positions 4..6 of sequence 0, position 9 of sequence 1
     assert meta.query_index.tolist() == [[0, 1, 2], [3, 0, 0]]
     assert logits_index.tolist() == [3]  # only the decode samples
-    assert torch.equal(meta.cos, cos[[4, 5, 6, 9]])
-    assert meta.mask[1, 0, 0].tolist() == [True] * 10  # the decode at position 9 sees all 10 context positions
-    assert meta.mask[0, 0, 0].tolist() == [True] * 5 + [False] * 5  # position 4 sees 0..4
+    want_cos, _ = ROTARY.cos_sin(torch.tensor([4, 5, 6, 9]), torch.tensor([7] * 4), torch.tensor([7] * 4))
+    assert torch.equal(meta.cos, want_cos)
+    full, window = meta.masks[None], meta.masks[3]
+    assert full[1, 0, 0].tolist() == [True] * 10  # the decode at position 9 sees all 10 context positions
+    assert full[0, 0, 0].tolist() == [True] * 5 + [False] * 5  # position 4 sees 0..4
+    assert window[0, 0, 0].tolist() == [False] * 2 + [True] * 3 + [False] * 5  # window 3: positions 2..4
+    assert window[1, 0, 0].tolist() == [False] * 7 + [True] * 3
+
+
+def test_context_starting_past_a_released_window():
+    """ctx_start: column j of context_slots holds position ctx_start + j (older blocks released)."""
+    inputs = StepInputs.of(tokens=torch.tensor([5]), start=torch.tensor([9]), end=torch.tensor([10]),
+                           sampled=torch.tensor([1]), context_slots=torch.tensor([[40, 41, 42, 43]]),
+                           ctx_start=torch.tensor([6]))
+    _, meta, _ = step_tensors(inputs, ROTARY, {4}, torch.float32, torch.device("cpu"))
+    assert meta.slot_mapping.tolist() == [43]
+    assert meta.masks[4][0, 0, 0].tolist() == [True] * 4  # positions 6..9, the window of 9
