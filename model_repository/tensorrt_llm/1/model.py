@@ -19,6 +19,7 @@ from backend.engine.trtllm_executor import TrtllmExecutorEngine, is_engine_dir
 from backend.errors import InvalidRequestError
 from backend.formats.versions import artifact_for
 from backend.policy.admission import AdmissionController, Lease, RowCost
+from backend.policy.api_keys import AuthenticationError
 from backend.policy.request_context import request_context
 from backend.policy.tenants import load_limits
 from backend.serving.engine_loop import EngineLoop
@@ -121,7 +122,12 @@ class TritonPythonModel:
                 continue
             try:
                 rows = parse_request(inputs, self.serving.exclude_input_in_output, self.decoupled)
-                context = request_context(request.parameters(), self.tenancy.tenant_header)
+                context = request_context(request.parameters(), self.tenancy.tenant_header,
+                                          self.admission.limits.credentials)
+            except AuthenticationError as exc:
+                self.tenant_metrics.observe_unauthenticated()
+                _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)  # no UNAUTHENTICATED code in 2.51
+                continue
             except InvalidRequestError as exc:
                 _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
                 continue
