@@ -4,7 +4,8 @@ Triton's /v2/health/ready cannot be turned false while in-flight requests drain 
 decoupled ensemble streams, docs/operations.md), so the launcher answers probes itself, on the same paths:
 
 - GET /v2/health/ready: 200 only while serving — tritonserver up and ready, no dead model process, not draining,
-  not restarting; else 503 with {"state": ..., "reason": ...};
+  not restarting; else 503 with {"state": ..., "reason": ...} (state: starting, draining, restarting, stopping,
+  stopped, failed);
 - GET /v2/health/live: 200 while the launcher runs and has not given up (it restarts tritonserver by itself).
 
 Standard library only (http.server): two GET routes, no request body, nothing else exposed.
@@ -16,8 +17,6 @@ import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
-
-STATES = ("starting", "serving", "draining", "restarting", "stopped", "failed")
 
 
 def triton_ready(http_url: str, timeout_s: float = 1.0) -> bool:

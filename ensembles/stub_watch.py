@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 STUB_BINARY = "triton_python_backend_stub"
+SHM_PREFIX = "triton_python_backend_shm_region_"
 _COMM = STUB_BINARY[:15]  # the kernel's process name is cut at 15 characters; it stays readable for a zombie
 
 
@@ -28,6 +29,7 @@ class StubWatch:
         self.server = psutil.Process(server_pid)
         self.zombie_polls = zombie_polls
         self.stubs: dict[int, tuple[psutil.Process, str]] = {}  # pid -> (process, model)
+        self.shm_regions: set[str] = set()  # the stubs' shared-memory regions (argument 2), under /dev/shm
         self._zombie_seen: dict[int, int] = {}
         self._record_new()
 
@@ -48,6 +50,8 @@ class StubWatch:
             except psutil.Error:
                 continue
             self.stubs[child.pid] = (child, _model_of(cmdline))
+            if len(cmdline) > 2 and cmdline[2].startswith(SHM_PREFIX):
+                self.shm_regions.add(cmdline[2])
 
     def dead(self) -> list[str]:
         """One line per stub that died on its own ('the tensorrt_llm v1 model process (pid 123) died')."""
@@ -77,3 +81,9 @@ class StubWatch:
 
     def pids(self) -> list[int]:
         return list(self.stubs)
+
+    def remove_shm_regions(self, shm_dir: Path = Path("/dev/shm")) -> None:
+        """After the server was killed: the regions its stubs used, which only a clean stop removes (1 MiB each)."""
+        for name in self.shm_regions:
+            if "/" not in name:
+                (shm_dir / name).unlink(missing_ok=True)

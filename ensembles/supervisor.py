@@ -107,19 +107,20 @@ class Supervisor:
                 fault = self._watch()
                 if fault is None:
                     return self._shutdown()
-                self._set("restarting", fault)
-                self._abort_inflight(f"the server is restarting: {fault}")
+                restart = self._may_restart()
+                self._set("restarting" if restart else "stopping", fault)
+                self._abort_inflight(f"the server is {'restarting' if restart else 'stopping'}: {fault}")
             elif self.signals:
                 self._set("stopped", f"{self.signals[0]} while starting")
                 return EXIT_OK
-            elif not started:  # a configuration that never served: restarting would not help
+            elif not started and not self._crashed():  # a configuration that never served: a retry would not help
                 self._set("failed", self.reason)
                 return EXIT_FAILED
             else:
-                fault = self.reason
-                self._set("restarting", fault)
+                fault, restart = self.reason, self._may_restart()
+                self._set("restarting" if restart else "stopping", fault)
             self._kill()
-            if not self._may_restart():
+            if not restart:
                 self._set("failed", f"{fault}; {len(self.faults)} faults within {self.sup.restart_window_s:g} s "
                                     f"(max_restarts {self.sup.max_restarts})")
                 return EXIT_FAILED
@@ -154,6 +155,11 @@ class Supervisor:
             dead = self.watch.dead()
             if dead:
                 return "; ".join(dead)
+
+    def _crashed(self) -> bool:
+        """Killed by a signal while starting (measured: a boost::interprocess::lock_exception abort in the Python
+        backend under heavy load), as opposed to exiting because the repository cannot be served."""
+        return self.proc is not None and self.proc.returncode is not None and self.proc.returncode < 0
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
@@ -212,4 +218,6 @@ class Supervisor:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        if self.watch is not None:
+            self.watch.remove_shm_regions()
         self.proc, self.watch = None, None

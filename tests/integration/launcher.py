@@ -54,6 +54,7 @@ class Launcher:
     repo: Path
     log_path: Path
     extra_args: tuple[str, ...] = ()
+    command: tuple[str, ...] | None = None  # instead of `python -m ensembles serve --model-repository ...`
     proc: subprocess.Popen | None = None
     ports: list[int] = field(default_factory=lambda: free_ports(4))  # http, grpc, metrics, health
     servers_seen: set[int] = field(default_factory=set)
@@ -68,9 +69,10 @@ class Launcher:
 
     def start(self, ready_timeout_s: float = 300.0) -> "Launcher":
         http, grpc, metrics, health = self.ports
-        cmd = [sys.executable, "-m", "ensembles", "serve", "--model-repository", str(self.repo), "--http-port",
-               str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--health-port", str(health),
-               "--admin-key", "test-admin", *self.extra_args]
+        cmd = list(self.command) if self.command else [
+            sys.executable, "-m", "ensembles", "serve", "--model-repository", str(self.repo), "--http-port",
+            str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--health-port", str(health),
+            "--admin-key", "test-admin", *self.extra_args]
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
         if not wait_for(lambda: self.triton_ready() == 200 or self.proc.poll() is not None, ready_timeout_s, 0.5) \
@@ -89,7 +91,7 @@ class Launcher:
         """The tritonserver this launcher runs now (the launcher itself where it execs tritonserver)."""
         try:
             launcher = psutil.Process(self.proc.pid)
-            candidates = [launcher] + launcher.children()
+            candidates = [launcher] + launcher.children(recursive=True)
             found = next((p for p in candidates if p.name() == "tritonserver"), None)
         except psutil.Error:
             return None

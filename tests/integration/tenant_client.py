@@ -29,12 +29,13 @@ def _enqueue(responses: queue.Queue, result, error) -> None:
     responses.put((result, error, time.monotonic()))
 
 
-def generate(url: str, prompt: str, max_tokens: int, api_key: str | None = None, stream: bool = False,
+def generate(url: str, prompt: str | bytes, max_tokens: int, api_key: str | None = None, stream: bool = False,
              parameters: dict | None = None, outputs: tuple[str, ...] = (), timeout_s: float = 180.0,
              headers: dict[str, str] | None = None, **extra: np.ndarray) -> Outcome:
     """One ensemble request; the server's error (if any) ends up in Outcome.error, not raised."""
     headers = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
-    inputs = {"text_input": np.array([[prompt.encode()]], dtype=object),
+    text = prompt if isinstance(prompt, bytes) else prompt.encode()  # bytes: sent as they are (not UTF-8, say)
+    inputs = {"text_input": np.array([[text]], dtype=object),
               "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[stream]]), **extra}
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)

@@ -65,11 +65,14 @@ def test_a_dead_model_process_restarts_the_server(fake):
     health = f"http://localhost:{supervisor.sup.health_port}/v2/health"
     assert get_status(f"{health}/ready") == 200 and get_status(f"{health}/live") == 200
     first = psutil.Process(supervisor.proc.pid)
+    regions = [Path("/dev/shm", p.cmdline()[2]) for p in first.children()]
+    assert len(regions) == 2 and all(r.exists() for r in regions)
     dead = _stub(supervisor, "postprocessing")
     dead.kill()
     assert wait_for(lambda: supervisor.state != "serving", 5)
     assert wait_for(lambda: supervisor.state == "serving" and supervisor.proc.pid != first.pid, 30)
     assert not alive(first)
+    assert not any(r.exists() for r in regions)  # the killed server's shared memory is not left behind
     assert not alive(dead)
     assert get_status(f"{health}/ready") == 200
     supervisor.on_signal(signal.SIGTERM)
