@@ -117,6 +117,8 @@ class Launcher:
 
     def teardown(self) -> None:
         """Kill what is left of what this launcher started (its group, and each tritonserver group it ran)."""
+        if self.proc.poll() is None:
+            self.server()  # the one running now (a restarted server is not seen otherwise)
         for pgid in [self.proc.pid] + sorted(self.servers_seen):
             try:
                 os.killpg(pgid, signal.SIGKILL)
