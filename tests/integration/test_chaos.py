@@ -101,8 +101,8 @@ def test_chaos(launcher):
         assert max(at for _, at in ended) - killed < 10, [at - killed for _, at in ended]
         assert wait_for(lambda: launcher.health_ready() == 200, BOUND_S, 0.2)
         back = time.monotonic()
-        during_restart = generate(launcher.grpc_url, PROMPTS[0], SHORT, **_forced(SHORT))
-        assert during_restart.ok and "".join(during_restart.texts) == expected[PROMPTS[0]]
+        after_restart = generate(launcher.grpc_url, PROMPTS[0], SHORT, **_forced(SHORT))
+        assert after_restart.ok and "".join(after_restart.texts) == expected[PROMPTS[0]]
 
         # 3. SIGTERM under 16 streams: short ones finish, long ones get the grace-period error, exit 0.
         long = [pool.submit(_request, launcher, PROMPTS[i % 4], 1000, **_forced(1000)) for i in range(8)]
