@@ -88,9 +88,14 @@ class Supervisor:
     # -- the main loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
         health = None
-        if self.sup.health_port is not None:
-            health = HealthServer(self.sup.health_host, self.sup.health_port, self.current,
-                                  f"localhost:{self.opts.http_port}")
+        try:
+            if self.sup.health_port is not None:
+                health = HealthServer(self.sup.health_host, self.sup.health_port, self.current,
+                                      f"localhost:{self.opts.http_port}")
+        except OSError as exc:
+            self._set("failed", f"the health port {self.sup.health_port} cannot be bound ({exc}): --health-port")
+            shutil.rmtree(self.control.path, ignore_errors=True)
+            return EXIT_FAILED
         try:
             return self._serve()
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -132,3 +133,14 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="max_restarts must be >= 0"):
         SupervisorOptions(max_restarts=-1)
     assert ServerPhase("aborting", "x").admitting is False
+
+
+def test_a_taken_health_port_is_refused_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        supervisor = Supervisor(ServerOptions(tmp_path, *free_ports(3)),
+                                SupervisorOptions(health_port=taken.getsockname()[1]),
+                                TritonInstall(binary=Path("/bin/false"), backend_dir=None))
+        assert supervisor.run() == EXIT_FAILED
+    assert "cannot be bound" in supervisor.reason and supervisor.proc is None
