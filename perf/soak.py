@@ -122,7 +122,8 @@ def client_loop(url: str, keys: dict[str, str], deadline: float, seed: int, tall
             key, max_tokens = (new_key(), 8) if rng.random() < 0.5 else (key, 0)
         outcome, latency, ttft, error = _one(url, key, rng.choice(PROMPTS), max_tokens, kind != "whole",
                                              cancel_after)
-        tally.add(_classify(kind, outcome, error), latency, ttft if kind != "whole" else None, error)
+        tally.add(_classify(kind, outcome, error), latency, ttft if kind != "whole" else None,
+                  f"{kind} request as {tenant}: {error}")
 
 
 def _memory_mb(launcher: Launcher) -> float:
