@@ -31,7 +31,7 @@ def _enqueue(responses: queue.Queue, result, error) -> None:
 
 def generate(url: str, prompt: str | bytes, max_tokens: int, api_key: str | None = None, stream: bool = False,
              parameters: dict | None = None, outputs: tuple[str, ...] = (), timeout_s: float = 180.0,
-             headers: dict[str, str] | None = None, **extra: np.ndarray) -> Outcome:
+             headers: dict[str, str] | None = None, model: str = "ensemble", **extra: np.ndarray) -> Outcome:
     """One ensemble request; the server's error (if any) ends up in Outcome.error, not raised."""
     headers = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
     text = prompt if isinstance(prompt, bytes) else prompt.encode()  # bytes: sent as they are (not UTF-8, say)
@@ -43,7 +43,7 @@ def generate(url: str, prompt: str | bytes, max_tokens: int, api_key: str | None
     try:
         client.start_stream(callback=partial(_enqueue, responses), headers=headers or None)
         sent = time.monotonic()
-        client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()],
+        client.async_stream_infer(model, [tensor(k, v) for k, v in inputs.items()],
                                   enable_empty_final_response=True, parameters=parameters)
         while True:
             result, error, at = responses.get(timeout=timeout_s)

@@ -109,3 +109,14 @@ def test_http_generate_takes_the_key_in_the_body_not_a_header(aserver):
     assert header_only.status_code == 400 and "needs an API key" in header_only.json()["error"]
     claimed = requests.post(url, json={**body, "tenant_id": "acme"}, timeout=60)
     assert claimed.status_code == 400 and CLAIM_REFUSED in claimed.json()["error"]
+
+
+def test_the_bls_model_passes_the_credentials_on(aserver):
+    """tensorrt_llm_bls (one Python model calling tensorrt_llm) forwards the request's parameters, so the key decides
+    the tenant there too (the canary router does the same)."""
+    keyed = generate(aserver.grpc_url, "def bls(", 2, api_key=KEYS["acme"], model="tensorrt_llm_bls")
+    assert keyed.ok and keyed.texts, keyed.error
+    anonymous = generate(aserver.grpc_url, "def bls(", 2, model="tensorrt_llm_bls")
+    assert "unauthenticated: this server needs an API key" in anonymous.error
+    claimed = generate(aserver.grpc_url, "def bls(", 2, headers={"x-tenant-id": "acme"}, model="tensorrt_llm_bls")
+    assert CLAIM_REFUSED in claimed.error
