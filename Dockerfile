@@ -16,8 +16,8 @@ RUN pip install --no-deps -e . \
     "onnx>=1.16" "onnxscript>=0.2" "onnxruntime>=1.18" "polygraphy>=0.49"
 # Train the demo model at build time (a few minutes), so the container serves at once.
 RUN python3 -m build_engines demo
-EXPOSE 8000 8001 8002
-CMD ["python3", "-m", "ensembles", "serve", "--demo", "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002"]
+EXPOSE 8000 8001 8002 8003
+CMD ["python3", "-m", "ensembles", "serve", "--demo", "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002", "--health-port", "8003"]
 
 # --- cpu (default target): no NVIDIA base. The slim image's Python is built shared
 # (/usr/local/lib/libpython3.11.so), which the Python backend stub of the embedded tritonserver needs.
@@ -30,5 +30,5 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY . .
 # Editable: the model repository templates (model_repository/) are read from the source tree.
 RUN pip install -e ".[server]" && python3 -m build_engines demo
-EXPOSE 8000 8001 8002
-CMD ["python3", "-m", "ensembles", "serve", "--demo", "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002"]
+EXPOSE 8000 8001 8002 8003
+CMD ["python3", "-m", "ensembles", "serve", "--demo", "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002", "--health-port", "8003"]

@@ -16,6 +16,8 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 # true: streaming (gRPC streams, HTTP generate_stream); false: KServe unary inference (HTTP /infer, gRPC ModelInfer)
 DECOUPLED_MODE ?= true
+HEALTH_PORT ?= 8003
+SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup demo-model perf-tools serve test unit bench clean
@@ -38,9 +40,9 @@ demo-model: setup
 perf-tools: setup
 	bash perf/tools/setup_perf_analyzer.sh $(BIN)/python
 
+# One plain command (no shell in between): make passes SIGTERM on to it, and the launcher drains before stopping.
 serve: setup
-	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		--decoupled-mode $(DECOUPLED_MODE)
+	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --health-port $(HEALTH_PORT) --decoupled-mode $(DECOUPLED_MODE) $(SERVE_ARGS)
 
 # The demo model is built (or found cached) first, so no test's time limit includes its training.
 test: setup demo-model perf-tools

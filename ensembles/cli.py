@@ -1,5 +1,5 @@
-"""`python -m ensembles {render,serve,canary}`: render the model repository, serve it with tritonserver, roll out
-canary versions (ensembles/canary_cli.py)."""
+"""`python -m ensembles {render,serve,canary,keys}`: render the model repository, serve it with tritonserver, roll
+out canary versions (ensembles/canary_cli.py), mint tenants' API keys (ensembles/keys_cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ensembles import artifacts
 from ensembles.render import REPO_ROOT, RepoSpec, render
-from ensembles.server import ServerOptions, find_tritonserver, server_command, server_env
+from ensembles.server import ServerOptions
+from ensembles.supervisor import Supervisor, SupervisorOptions
 
 DEFAULT_REPO_OUT = REPO_ROOT / "build" / "model_repository"
 # RepoSpec fields settable from the command line (--max-batch-size 8 ...).
@@ -64,7 +65,20 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--admin-key", default=os.environ.get("TRITONLLM_ADMIN_KEY"),
                            help="key for model load/unload, shared memory, trace and logging APIs (header "
                                 "x-admin-key); default $TRITONLLM_ADMIN_KEY, else a random one, printed")
+            _supervisor_args(p)
     return parser
+
+
+def _supervisor_args(p: argparse.ArgumentParser) -> None:
+    """Shutdown and restart behaviour (ensembles/supervisor.py, docs/operations.md)."""
+    p.add_argument("--health-port", type=int, default=int(os.environ.get("TRITONLLM_HEALTH_PORT", 8003)),
+                   help="the launcher's readiness/liveness endpoint (/v2/health/ready, /v2/health/live); 0: none")
+    p.add_argument("--shutdown-grace-s", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT: how long in-flight requests may take before they are failed")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="restarts of tritonserver after a dead model process within --restart-window-s; more: "
+                        "exit 3 (0: exit 3 at the first one, for a service manager to restart)")
+    p.add_argument("--restart-window-s", type=float, default=600.0)
 
 
 def _artifacts(args) -> artifacts.ModelArtifacts:
@@ -106,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         from ensembles.canary_cli import main as canary_main
 
         return canary_main(argv[1:])
+    if argv[:1] == ["keys"]:
+        from ensembles.keys_cli import main as keys_main
+
+        return keys_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         repo = args.model_repository if getattr(args, "model_repository", None) else _render(args)
@@ -118,10 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
                          admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id",
                          model_control_mode="explicit" if args.canary else "none")
-    install = find_tritonserver()
-    cmd = server_command(install, opts)
-    print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}",
-          file=sys.stderr, flush=True)
-    # Replace this process: Ctrl-C reaches tritonserver, which drains in-flight requests and exits cleanly.
-    os.execve(cmd[0], cmd, server_env(install))
-    return 0  # not reached
+    try:
+        sup = SupervisorOptions(shutdown_grace_s=args.shutdown_grace_s, max_restarts=args.max_restarts,
+                                restart_window_s=args.restart_window_s, health_port=args.health_port or None)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}, health "
+          f":{sup.health_port}", file=sys.stderr, flush=True)
+    # tritonserver runs as a child: the launcher restarts it when a model process dies, and on SIGTERM / Ctrl-C
+    # drains in-flight requests before stopping it (docs/operations.md).
+    supervisor = Supervisor(opts, sup)
+    supervisor.install_signal_handlers()
+    return supervisor.run()

@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend.policy.api_keys import AUTHORIZATION, FRONT_KEY
 from ensembles.render import REPO_ROOT
 
 
@@ -36,7 +37,9 @@ class ServerOptions:
     # Secure defaults (the CLI always sets admin_key): model-repository control, shared memory, trace and logging
     # settings need this key in the ADMIN_HEADER header. None: unrestricted (tests that drive these APIs).
     admin_key: str | None = None
-    tenant_header: str | None = "x-tenant-id"  # gRPC header forwarded to the models as a request parameter
+    # Header naming a tenant (trusted only from the front), forwarded to the models as a request parameter beside the
+    # credential headers (CREDENTIAL_HEADERS); None: only those.
+    tenant_header: str | None = "x-tenant-id"
     # "explicit": models are loaded/unloaded through the model-control API (canary versions); all load at start.
     model_control_mode: str = "none"
 
@@ -129,18 +132,20 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
 ADMIN_HEADER = "x-admin-key"  # HTTP header; gRPC clients send it as GRPC_ADMIN_HEADER (Triton adds a prefix)
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
+# Forwarded to the models as request parameters (gRPC, HTTP /infer; Triton 2.51's /generate forwards none).
+CREDENTIAL_HEADERS = (AUTHORIZATION, FRONT_KEY)
 
 
 def security_args(opts: ServerOptions) -> list[str]:
-    """Triton 2.51's restricted-API and header-forwarding options (format `<apis>:<header>=<value>`)."""
+    """Triton 2.51's restricted-API (format `<apis>:<header>=<value>`) and header-forwarding options."""
     args = []
     if opts.admin_key:
         args += [f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
                  f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}"]
-    if opts.tenant_header:
-        args += [f"--grpc-header-forward-pattern=^{opts.tenant_header}$",
-                 f"--http-header-forward-pattern=^{opts.tenant_header}$"]
-    return args
+    # RE2, matched against the header name as sent: case-insensitive (HTTP clients write "Authorization").
+    names = CREDENTIAL_HEADERS + ((opts.tenant_header,) if opts.tenant_header else ())
+    pattern = f"(?i)^({'|'.join(names)})$"
+    return args + [f"--grpc-header-forward-pattern={pattern}", f"--http-header-forward-pattern={pattern}"]
 
 
 def server_env(install: TritonInstall) -> dict[str, str]:

@@ -1,12 +1,13 @@
-"""Who sent a request and how long it may take: the tenant id and deadline, from Triton request parameters.
+"""Who sent a request and how long it may take: the tenant and deadline, from Triton request parameters.
 
 Triton 2.51 passes an ensemble request's parameters on to every composing model (verified against the embedded
-server: preprocessing and tensorrt_llm both see them), and headers matching `--grpc-header-forward-pattern` arrive
-as parameters too, so the tensorrt_llm model reads them directly; the ensemble's tensors are unchanged.
-(HTTP /generate does not forward headers in 2.51: HTTP clients put `tenant_id` in the JSON body.)
+server: preprocessing and tensorrt_llm both see them), and headers matching `--grpc-header-forward-pattern` /
+`--http-header-forward-pattern` arrive as parameters too (gRPC and HTTP /infer; not HTTP /generate in 2.51, whose
+clients put the same names in the JSON body), so the tensorrt_llm model reads them directly.
 
-Parameters read (request.parameters() is a JSON object):
-- the tenant header (default `x-tenant-id`, forwarded by Triton) or `tenant_id`; the header wins.
+Parameters read (request.parameters() is a JSON object; header names are matched case-insensitively):
+- credentials: `authorization` ("Bearer <api key>"), `x-tritonllm-front-key` (the trusted front's credential);
+- a claimed tenant: the tenant header (default `x-tenant-id`) or `tenant_id`; honoured only as api_keys.py says;
 - `timeout_ms` (or `timeout`, also milliseconds; gRPC clients cannot set `timeout`, tritonclient reserves it).
 Nothing here is ever used as a file path. No Triton import.
 """
@@ -19,6 +20,15 @@ from pathlib import Path
 from typing import Mapping
 
 from backend.errors import InvalidRequestError
+from backend.policy.api_keys import (
+    AUTHORIZATION,
+    CLAIM_PARAMETER,
+    FRONT_KEY,
+    Credentials,
+    Presented,
+    bearer_key,
+    resolve_tenant,
+)
 from backend.policy.tenants import check_tenant_id
 
 MAX_TIMEOUT_MS = 3_600_000  # one hour: longer is almost certainly a unit mistake (Triton's own timeout is in us)
@@ -58,20 +68,42 @@ def _timeout(params: Mapping[str, object]) -> int | None:
     return None
 
 
-def request_context(parameters_json: str, tenant_header: str = "x-tenant-id") -> RequestContext:
-    """Parse request.parameters(); raises InvalidRequestError naming a bad tenant id or timeout."""
+def _claimed_tenant(params: Mapping[str, object], headers: Mapping[str, object], tenant_header: str) -> str | None:
+    from_header, from_param = headers.get(tenant_header), params.get(CLAIM_PARAMETER)
+    if from_header is not None and from_param is not None and from_header != from_param:
+        raise InvalidRequestError(f"the {tenant_header} header and the {CLAIM_PARAMETER} parameter name different "
+                                  "tenants")
+    tenant = from_header if from_header is not None else from_param
+    if tenant is None:
+        return None
+    if not isinstance(tenant, str):
+        raise InvalidRequestError(f"tenant id must be a string, got {tenant!r}")
+    try:
+        return check_tenant_id(tenant)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def presented_credentials(params: Mapping[str, object], tenant_header: str = "x-tenant-id") -> Presented:
+    """The request's API key, front credential and claimed tenant (not yet checked against the stored keys)."""
+    headers = {str(k).lower(): v for k, v in params.items()}  # HTTP header names arrive as the client wrote them
+    api_key = bearer_key(headers[AUTHORIZATION]) if AUTHORIZATION in headers else None
+    front = headers.get(FRONT_KEY)
+    if front is not None and not isinstance(front, str):
+        raise InvalidRequestError(f"{FRONT_KEY} must be a string")
+    return Presented(api_key=api_key, front_key=front, claimed_tenant=_claimed_tenant(params, headers, tenant_header))
+
+
+def request_context(parameters_json: str, tenant_header: str = "x-tenant-id",
+                    credentials: Credentials | None = None) -> RequestContext:
+    """Parse request.parameters() and decide the tenant; raises InvalidRequestError naming a bad tenant id or
+    timeout, AuthenticationError (a subclass) when the credentials do not allow the request."""
     try:
         params = json.loads(parameters_json) if parameters_json else {}
     except json.JSONDecodeError:
         params = {}
     if not isinstance(params, dict):
         params = {}
-    tenant = params.get(tenant_header, params.get("tenant_id"))
-    if tenant is not None:
-        if not isinstance(tenant, str):
-            raise InvalidRequestError(f"tenant id must be a string, got {tenant!r}")
-        try:
-            tenant = check_tenant_id(tenant)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from None
+    presented = presented_credentials(params, tenant_header)
+    tenant = resolve_tenant(credentials or Credentials(), presented)
     return RequestContext(tenant_id=tenant, timeout_ms=_timeout(params))

@@ -42,6 +42,11 @@ class _Cancel:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _FailAll:
+    error: Exception
+
+
 _STOP = object()
 _WAKE = object()  # no command: only makes an idle loop go round once (and publish its stats)
 
@@ -57,11 +62,27 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
         self._last_cancel_check = 0.0
+        self._inflight = 0  # submitted and not yet ended (any way); read by other threads
+        self._inflight_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="tritonllm-engine", daemon=True)
         self._thread.start()
 
     def submit(self, request: Request, sink: OutputSink) -> None:
+        self._count(+1)
         self._inbox.put(_Submit(request, sink))
+
+    @property
+    def inflight(self) -> int:
+        """Requests submitted and not ended yet (queued in the inbox, waiting or running in the engine)."""
+        return self._inflight
+
+    def _count(self, delta: int) -> None:
+        with self._inflight_lock:
+            self._inflight += delta
+
+    def fail_all(self, error: Exception) -> None:
+        """End every request submitted so far with this error (a shutdown's grace period ended)."""
+        self._inbox.put(_FailAll(error))
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(_Cancel(request_id))
@@ -118,15 +139,19 @@ class EngineLoop:
             except queue.Empty:
                 return True
 
-    def _apply(self, cmd: _Submit | _Cancel | object) -> None:
+    def _apply(self, cmd: _Submit | _Cancel | _FailAll | object) -> None:
         if cmd is _WAKE:
             return
         if isinstance(cmd, _Cancel):
             self._abort(cmd.request_id)
             return
+        if isinstance(cmd, _FailAll):
+            self._fail_all(cmd.error)
+            return
         try:
             self.engine.add_request(cmd.request)
         except InvalidRequestError as exc:
+            self._count(-1)
             cmd.sink.fail(exc)
             return
         self._sinks[cmd.request.request_id] = cmd.sink
@@ -147,8 +172,8 @@ class EngineLoop:
 
     def _deliver(self, out: RequestOutput) -> None:
         sink = self._sinks.get(out.request_id)
-        if out.finished:
-            self._sinks.pop(out.request_id, None)
+        if out.finished and self._sinks.pop(out.request_id, None) is not None:
+            self._count(-1)
         if sink is None:
             return
         if out.error is not None:  # this request alone failed in the engine's step
@@ -164,5 +189,9 @@ class EngineLoop:
     def _fail_all(self, error: Exception) -> None:
         for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
-            sink.fail(error)
+            self._count(-1)
+            try:
+                sink.fail(error)
+            except Exception:  # a client that went away must not keep the others from hearing
+                log.exception("failing %s failed", request_id)
         self._sinks.clear()

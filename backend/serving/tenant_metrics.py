@@ -1,6 +1,7 @@
 """Admission metrics through the Python backend's metric API (Triton's metrics port):
 
-- tritonllm_admission_total{tenant, outcome=admitted|refused, reason}: counter, per Triton request;
+- tritonllm_admission_total{tenant, outcome=admitted|refused, reason}: counter, per Triton request (credentials
+  that do not allow the request: tenant "", reason "unauthenticated");
 - tritonllm_rate_limit_bucket{tenant, bucket=requests|tokens}: gauge, the bucket's current level;
 - tritonllm_queue_depth{priority}: gauge, admitted rows waiting for their first token, per priority level.
 
@@ -45,6 +46,11 @@ class TenantMetrics:
         outcome = "admitted" if admission.admitted else "refused"
         with self._lock:
             self._pending[(admission.tenant.tenant, outcome, reason)] += 1
+
+    def observe_unauthenticated(self) -> None:
+        """Count a request refused for its credentials (no tenant: it is not known who sent it)."""
+        with self._lock:
+            self._pending[("", "refused", "unauthenticated")] += 1
 
     def update(self, snapshot: AdmissionSnapshot) -> None:
         """Publish counts and levels: call from one thread only (the engine loop's stats callback)."""

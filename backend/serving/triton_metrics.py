@@ -82,3 +82,6 @@ class NoMetrics:
 
     def observe(self, _admission) -> None:
         pass
+
+    def observe_unauthenticated(self) -> None:
+        pass

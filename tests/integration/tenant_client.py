@@ -1,4 +1,5 @@
-"""gRPC calls to the ensemble as a tenant (the x-tenant-id header, or request parameters), timing the first token."""
+"""gRPC calls to the ensemble as a tenant (its API key in the authorization header; other headers, request
+parameters), timing the first token."""
 from __future__ import annotations
 
 import queue
@@ -28,20 +29,21 @@ def _enqueue(responses: queue.Queue, result, error) -> None:
     responses.put((result, error, time.monotonic()))
 
 
-def generate(url: str, prompt: str, max_tokens: int, tenant: str | None = None, stream: bool = False,
+def generate(url: str, prompt: str | bytes, max_tokens: int, api_key: str | None = None, stream: bool = False,
              parameters: dict | None = None, outputs: tuple[str, ...] = (), timeout_s: float = 180.0,
-             **extra: np.ndarray) -> Outcome:
+             headers: dict[str, str] | None = None, model: str = "ensemble", **extra: np.ndarray) -> Outcome:
     """One ensemble request; the server's error (if any) ends up in Outcome.error, not raised."""
-    inputs = {"text_input": np.array([[prompt.encode()]], dtype=object),
+    headers = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
+    text = prompt if isinstance(prompt, bytes) else prompt.encode()  # bytes: sent as they are (not UTF-8, say)
+    inputs = {"text_input": np.array([[text]], dtype=object),
               "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[stream]]), **extra}
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     out = Outcome()
     try:
-        client.start_stream(callback=partial(_enqueue, responses),
-                            headers={"x-tenant-id": tenant} if tenant else None)
+        client.start_stream(callback=partial(_enqueue, responses), headers=headers or None)
         sent = time.monotonic()
-        client.async_stream_infer("ensemble", [tensor(k, v) for k, v in inputs.items()],
+        client.async_stream_infer(model, [tensor(k, v) for k, v in inputs.items()],
                                   enable_empty_final_response=True, parameters=parameters)
         while True:
             result, error, at = responses.get(timeout=timeout_s)

@@ -1,10 +1,11 @@
 """Tenants through the real tritonserver: rate limits refuse with UNAVAILABLE + retry_after_ms while others are
 served, a heavy tenant cannot starve a light one, deadlines end requests and free their blocks, prefix-cache
-salting by tenant, and the admin key guarding model load/unload. Own server: limits file, admin key, explicit
-model control, the x-tenant-id header forwarded."""
+salting by tenant, and the admin key guarding model load/unload. Own server: limits file (every tenant with an API
+key), admin key, explicit model control, the credential headers forwarded. Each tenant authenticates with its key."""
 from __future__ import annotations
 
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -19,11 +20,11 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from backend.policy.api_keys import key_hash, new_key
 from ensembles.render import RepoSpec, render
 from ensembles.server import ADMIN_HEADER, GRPC_ADMIN_HEADER, ServerOptions, TritonServer
-from tests.integration import metrics
+from tests.integration import metrics, tenant_client
 from tests.integration.conftest import _free_ports
-from tests.integration.tenant_client import generate
 from tests.integration.test_generation import LONG_PROMPT
 
 ADMIN_KEY = "test-admin-key"
@@ -60,13 +61,29 @@ request_burst = 2
 """
 # Light tenant's time to first token while the heavy one saturates its share: the bound we state.
 LIGHT_TTFT_BOUND_S = 1.0  # measured here: median 0.04 s, max 0.05 s (idle: 0.014 s)
+TENANTS = ("bursty", "other", "heavy", "light", "salted-a", "salted-b", "locust-ok", "locust-over")
+KEYS = {tenant: new_key() for tenant in TENANTS}
+
+
+def _limits_with_keys() -> str:
+    """LIMITS with each tenant's key digest in its table (right under the table's header)."""
+    text = LIMITS
+    for tenant in TENANTS:
+        header = f"[tenants.{tenant}]"
+        text = text.replace(header, f'{header}\napi_key_sha256 = ["{key_hash(KEYS[tenant])}"]')
+    return text
+
+
+def generate(url: str, prompt: str, max_tokens: int, tenant: str | None = None, **kwargs):
+    """tenant_client.generate as `tenant`, authenticated by its API key."""
+    return tenant_client.generate(url, prompt, max_tokens, api_key=KEYS[tenant] if tenant else None, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def tserver(demo, tmp_path_factory) -> TritonServer:
     root = tmp_path_factory.mktemp("tenants")
     limits = root / "limits.toml"
-    limits.write_text(LIMITS)
+    limits.write_text(_limits_with_keys())
     spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=8,
                     max_input_len=512, max_seq_len=1024, max_num_tokens=1024, cancellation_check_period_ms=20,
                     limits_file=limits, max_prompt_bytes=MAX_PROMPT_BYTES)
@@ -99,9 +116,14 @@ def test_burst_over_the_limit_is_refused_while_others_are_served(tserver):
         assert 0 < int(o.error.rsplit("retry_after_ms=", 1)[1].split()[0].rstrip(")")) <= 10_000
 
 
+def _bearer(tenant: str) -> str:
+    return f"Bearer {KEYS[tenant]}"
+
+
 def test_http_tenant_parameter_is_refused_too(tserver):
+    """HTTP /generate: Triton 2.51 forwards no header there, so the key is a body field (it becomes a parameter)."""
     url = f"http://{tserver.http_url}/v2/models/ensemble/generate"
-    body = {"text_input": "def ", "max_tokens": 2, "tenant_id": "bursty"}
+    body = {"text_input": "def ", "max_tokens": 2, "authorization": _bearer("bursty")}
     for _ in range(4):  # the gRPC test above spent the burst; refill is 1 per 10 s
         resp = requests.post(url, json=body, timeout=60)
         if resp.status_code != 200:
@@ -109,7 +131,7 @@ def test_http_tenant_parameter_is_refused_too(tserver):
     # Triton 2.51's generate endpoint answers every model error with 400; the message tells a refusal apart.
     assert resp.status_code in (400, 503) and "request refused: tenant 'bursty'" in resp.json()["error"], resp.text
     assert "retry_after_ms=" in resp.json()["error"]
-    assert requests.post(url, json={**body, "tenant_id": "other"}, timeout=60).status_code == 200
+    assert requests.post(url, json={**body, "authorization": _bearer("other")}, timeout=60).status_code == 200
     bad = requests.post(url, json={**body, "tenant_id": "../../etc/passwd"}, timeout=60)
     assert bad.status_code == 400 and "tenant id" in bad.json()["error"]
 
@@ -185,7 +207,7 @@ def test_deadline_ends_the_request_and_frees_its_blocks(tserver):
     assert not out.ok and "request timed out: its deadline (timeout_ms=800) passed" in out.error, out.error
     assert elapsed < 10, elapsed  # 900 tokens would take far longer on CPU
     assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
-    bad = generate(tserver.grpc_url, "def ", 2, parameters={"timeout_ms": -5})
+    bad = generate(tserver.grpc_url, "def ", 2, tenant="other", parameters={"timeout_ms": -5})
     assert "timeout_ms must be an integer number of milliseconds" in bad.error
 
 
@@ -206,7 +228,7 @@ def test_salted_tenants_share_no_cached_blocks(tserver):
 
 
 def test_prompt_over_the_byte_limit_is_invalid_arg(tserver):
-    out = generate(tserver.grpc_url, "x" * (MAX_PROMPT_BYTES + 1), 2)
+    out = generate(tserver.grpc_url, "x" * (MAX_PROMPT_BYTES + 1), 2, tenant="other")
     assert f"more than the limit ({MAX_PROMPT_BYTES})" in out.error
 
 
@@ -223,7 +245,7 @@ def test_repository_control_needs_the_admin_key(tserver):
     assert {m["name"] for m in index["models"]} >= {"ensemble", "tensorrt_llm"}
     assert requests.post(f"{http}/load", headers={ADMIN_HEADER: ADMIN_KEY}, timeout=120).status_code == 200
     assert client.is_model_ready("postprocessing")
-    assert generate(tserver.grpc_url, "def ", 2).ok  # still serving
+    assert generate(tserver.grpc_url, "def ", 2, tenant="other").ok  # still serving
 
 
 def test_locust_run_refuses_only_the_over_limit_tenant(tserver, tmp_path):
@@ -231,7 +253,8 @@ def test_locust_run_refuses_only_the_over_limit_tenant(tserver, tmp_path):
     locustfile = Path(__file__).resolve().parents[2] / "perf" / "locust" / "tenants_locustfile.py"
     cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "12s",
            "--host", f"http://{tserver.http_url}", "--csv", str(tmp_path / "run"), "--only-summary"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # exit code 1: failures were recorded
+    env = {**os.environ, "TENANT_OK_KEY": KEYS["locust-ok"], "TENANT_OVER_KEY": KEYS["locust-over"]}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)  # exit 1: failures recorded
     with open(tmp_path / "run_stats.csv") as f:
         rows = {row["Name"]: row for row in csv.DictReader(f)}
     ok, over = rows.get("generate [locust-ok]"), rows.get("generate [locust-over]")

@@ -99,18 +99,18 @@ class TritonPythonModel:
         unavailable = frozenset()
         while True:
             version = self.routing.refresh().choose(key, pin, unavailable)
-            if self._forward(inputs, version, finals, sender, retry_allowed=pin is None, timed=timed):
+            if self._forward(inputs, version, finals, sender, retry_allowed=pin is None, timed=timed, params=params):
                 return
             unavailable |= {version}  # unloaded between the choice and the call (a promotion): choose again
 
-    def _forward(self, inputs, version, finals, sender, retry_allowed, timed):
+    def _forward(self, inputs, version, finals, sender, retry_allowed, timed, params):
         """Stream version's responses to sender; False (nothing sent) when the version is gone and a retry may help."""
         timing = StreamTiming(start=time.monotonic())
         with self.ipc:
             self.metrics.started(version)
         outcome = Outcome.GONE  # not counted when retried on another version
         try:
-            outcome = self._stream(inputs, version, Forwarding(finals, retry_allowed), sender, timing)
+            outcome = self._stream(inputs, version, Forwarding(finals, retry_allowed), sender, timing, params)
             return outcome is not Outcome.GONE
         except Exception:
             outcome = Outcome.ERROR
@@ -119,10 +119,11 @@ class TritonPythonModel:
             with self.ipc:
                 self.metrics.finished(version, outcome, timing if timed and outcome is Outcome.OK else None)
 
-    def _stream(self, inputs, version, fwd, sender, timing):
-        """The forwarding itself (backend/serving/router_forwarding.py decides what each response becomes)."""
+    def _stream(self, inputs, version, fwd, sender, timing, params):
+        """The forwarding itself (backend/serving/router_forwarding.py decides what each response becomes). The
+        request's parameters go along: the credentials and tenant tensorrt_llm decides the tenant from."""
         llm_request = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
-                                                requested_output_names=self.llm_outputs)
+                                                requested_output_names=self.llm_outputs, parameters=params)
         served = np.full((1, 1), version, dtype=np.int32)
         try:
             with self.ipc:

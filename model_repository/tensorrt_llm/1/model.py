@@ -16,12 +16,14 @@ from backend.engine.interface import RequestOutput
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sequence import FinishReason, Request
 from backend.engine.trtllm_executor import TrtllmExecutorEngine, is_engine_dir
-from backend.errors import InvalidRequestError
+from backend.errors import InvalidRequestError, UnavailableError
 from backend.formats.versions import artifact_for
 from backend.policy.admission import AdmissionController, Lease, RowCost
+from backend.policy.api_keys import AuthenticationError
 from backend.policy.request_context import request_context
 from backend.policy.tenants import load_limits
 from backend.serving.engine_loop import EngineLoop
+from backend.serving.lifecycle import PhaseWatcher
 from backend.serving.parameters import ModelParameters, ServingConfig
 from backend.serving.response_group import ResponseGroup, RowError
 from backend.serving.tenant_metrics import TenantMetrics
@@ -77,7 +79,11 @@ class _RowSink:
 
     def fail(self, error: Exception) -> None:
         self.lease.on_fail()
-        code = "INVALID_ARG" if isinstance(error, InvalidRequestError) else "INTERNAL"
+        code = "INTERNAL"
+        if isinstance(error, InvalidRequestError):
+            code = "INVALID_ARG"
+        elif isinstance(error, UnavailableError):
+            code = "UNAVAILABLE"
         self.group.send(RowError(str(error), code), row_done=True)
 
     def cancelled(self) -> bool:
@@ -107,6 +113,9 @@ class TritonPythonModel:
         # stop_by_request_id parameter allows stopping by request id.
         self.by_key = {}
         self.by_triton_id = {}
+        # The launcher's shutdown / restart phase (backend/serving/lifecycle.py): refuse, or fail what is in flight.
+        self.phase = PhaseWatcher.from_env(name, lambda: self.loop.inflight,
+                                           lambda reason: self.loop.fail_all(UnavailableError(reason)))
 
     def execute(self, requests):
         for request in requests:
@@ -119,9 +128,17 @@ class TritonPythonModel:
             if inputs.get("stop") is not None and bool(inputs["stop"].reshape(-1)[0]):
                 self._stop(request.request_id(), inputs.get("request_key"), sender)
                 continue
+            if not self.phase.current.admitting:
+                _send_error(sender, self.phase.refusal(), pb_utils.TritonError.UNAVAILABLE)
+                continue
             try:
                 rows = parse_request(inputs, self.serving.exclude_input_in_output, self.decoupled)
-                context = request_context(request.parameters(), self.tenancy.tenant_header)
+                context = request_context(request.parameters(), self.tenancy.tenant_header,
+                                          self.admission.limits.credentials)
+            except AuthenticationError as exc:
+                self.tenant_metrics.observe_unauthenticated()
+                _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)  # no UNAUTHENTICATED code in 2.51
+                continue
             except InvalidRequestError as exc:
                 _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
                 continue
@@ -187,6 +204,7 @@ class TritonPythonModel:
         sender.send(None if self.decoupled else pb_utils.InferenceResponse([]), flags=_FINAL)
 
     def finalize(self):
+        self.phase.close()
         self.loop.shutdown()
         self.engine.close()  # a parallel engine's worker processes exit here
         self.metrics = self.tenant_metrics = None  # metric families are released with this model

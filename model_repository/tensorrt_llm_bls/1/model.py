@@ -50,15 +50,17 @@ class TritonPythonModel:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     arrays[name] = np.array(tensor.as_numpy(), copy=True)
-            thread = threading.Thread(target=self._serve, args=(request.get_response_sender(), arrays), daemon=True)
+            params = json.loads(request.parameters() or "{}")  # credentials and tenant, for tensorrt_llm
+            thread = threading.Thread(target=self._serve, args=(request.get_response_sender(), arrays, params),
+                                      daemon=True)
             with self.lock:
                 self.threads.add(thread)
             thread.start()
         return None
 
-    def _serve(self, sender, arrays):
+    def _serve(self, sender, arrays, params):
         try:
-            self._generate(sender, llm_inputs(self.pre, arrays))
+            self._generate(sender, llm_inputs(self.pre, arrays), params)
         except InvalidRequestError as exc:
             self._send(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
         except Exception as exc:  # never leave a client without its final response
@@ -67,9 +69,9 @@ class TritonPythonModel:
             with self.lock:
                 self.threads.discard(threading.current_thread())
 
-    def _generate(self, sender, inputs):
+    def _generate(self, sender, inputs, params):
         request = pb_utils.InferenceRequest(model_name=self.llm, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
-                                            requested_output_names=self.llm_outputs)
+                                            requested_output_names=self.llm_outputs, parameters=params)
         with self.ipc:
             responses = request.exec(decoupled=self.decoupled)
         for response in (responses if self.decoupled else [responses]):

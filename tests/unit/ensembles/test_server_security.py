@@ -1,4 +1,4 @@
-"""The launcher's secure defaults: restricted admin APIs behind a key, the tenant header forwarded."""
+"""The launcher's secure defaults: restricted admin APIs behind a key, credential and tenant headers forwarded."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,12 +15,14 @@ def test_admin_key_restricts_repository_and_shared_memory(tmp_path):
     cmd = _cmd(tmp_path, admin_key="s3cret")
     assert "--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:x-admin-key=s3cret" in cmd
     assert "--http-restricted-api=model-repository,shared-memory,trace,logging:x-admin-key=s3cret" in cmd
-    assert "--grpc-header-forward-pattern=^x-tenant-id$" in cmd
+    pattern = "(?i)^(authorization|x-tritonllm-front-key|x-tenant-id)$"
+    assert f"--grpc-header-forward-pattern={pattern}" in cmd and f"--http-header-forward-pattern={pattern}" in cmd
 
 
-def test_no_key_no_restriction(tmp_path):
+def test_no_key_no_restriction_credentials_still_forwarded(tmp_path):
     cmd = _cmd(tmp_path, tenant_header=None)
-    assert not [a for a in cmd if "restricted" in a or "forward-pattern" in a]
+    assert not [a for a in cmd if "restricted" in a]
+    assert "--grpc-header-forward-pattern=(?i)^(authorization|x-tritonllm-front-key)$" in cmd
 
 
 def test_cli_admin_key_given_or_generated_and_printed(capsys, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 from backend.engine.interface import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import FinishReason, Request
-from backend.errors import InvalidRequestError
+from backend.errors import InvalidRequestError, UnavailableError
 from backend.serving.engine_loop import EngineLoop
 
 TIMEOUT_S = 30.0
@@ -163,3 +163,22 @@ def test_wake_publishes_stats_of_an_idle_engine(engine):
         assert published.get(timeout=TIMEOUT_S) == "tritonllm-engine"
     finally:
         loop.shutdown()
+
+
+def test_inflight_counts_requests_until_they_end_and_fail_all_ends_the_rest(loop, prompts):
+    """What the launcher's drain reads (EngineLoop.inflight), and the end of a shutdown's grace period."""
+    short = QueueSink()
+    # The long request ends the grace period itself, at its first token: no race with the engine thread.
+    long = QueueSink(on_emit=lambda sink, out: loop.fail_all(UnavailableError("the grace period ended")))
+    [p1, p2] = prompts([5, 6], vocab_size=64)
+    loop.submit(Request("short", p1, SamplingParams(max_tokens=1)), short)
+    loop.submit(Request("long", p2, SamplingParams(max_tokens=150)), long)
+    assert loop.inflight == 2
+    assert short.collect()[1].finished
+    tokens, error = long.collect()
+    assert isinstance(error, UnavailableError) and "grace period" in str(error) and len(tokens) < 150
+    assert loop.inflight == 0
+    refused = QueueSink()
+    loop.submit(Request("bad", p1, SamplingParams(max_tokens=10_000)), refused)  # over max_seq_len: refused
+    assert isinstance(refused.collect()[1], InvalidRequestError)
+    assert loop.inflight == 0

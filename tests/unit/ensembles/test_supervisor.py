@@ -1,0 +1,146 @@
+"""The launcher's supervision, against a fake tritonserver (tests/unit/ensembles/fake_tritonserver.py): a model
+process that dies is found (a zombie Triton never reaps) and the server restarted; the restart budget; SIGTERM
+drains and stops with nothing left; the health endpoint follows. The real server: tests/integration/test_faults.py."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backend.serving.lifecycle import ServerPhase
+from ensembles.health import HealthServer
+from ensembles.server import ServerOptions, TritonInstall, free_ports
+from ensembles.stub_watch import StubWatch
+from ensembles.supervisor import EXIT_FAILED, EXIT_OK, Supervisor, SupervisorOptions
+from tests.integration.launcher import alive, get_status, wait_for
+
+FAKE = Path(__file__).with_name("fake_tritonserver.py")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A Supervisor over the fake server, run on a thread; yields (supervisor, thread, result)."""
+    link = tmp_path / "bin" / "triton_python_backend_stub"
+    link.parent.mkdir()
+    link.symlink_to(sys.executable)
+    wrapper = tmp_path / "bin" / "tritonserver"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FAKE_STUB_LINK", str(link))
+    (tmp_path / "repo").mkdir()
+    made = []
+
+    def make(**sup) -> tuple[Supervisor, dict]:
+        http, grpc, metrics, health = free_ports(4)
+        opts = ServerOptions(tmp_path / "repo", http, grpc, metrics)
+        supervisor = Supervisor(opts, SupervisorOptions(poll_s=0.1, health_port=health, **sup),
+                                TritonInstall(binary=wrapper, backend_dir=None))
+        result: dict = {}
+        thread = threading.Thread(target=lambda: result.setdefault("rc", supervisor.run()), daemon=True)
+        thread.start()
+        made.append((supervisor, thread))
+        assert wait_for(lambda: supervisor.state == "serving", 30), supervisor.current()
+        return supervisor, result
+
+    yield make
+    for supervisor, thread in made:
+        supervisor.on_signal(signal.SIGTERM)
+        supervisor.on_signal(signal.SIGTERM)
+        thread.join(30)
+
+
+def _stub(supervisor: Supervisor, model: str) -> psutil.Process:
+    return next(p for p in psutil.Process(supervisor.proc.pid).children(recursive=True)
+                if f"/{model}/1/model.py" in " ".join(p.cmdline()))
+
+
+def test_a_dead_model_process_restarts_the_server(fake):
+    supervisor, result = fake(max_restarts=2)
+    health = f"http://localhost:{supervisor.sup.health_port}/v2/health"
+    assert get_status(f"{health}/ready") == 200 and get_status(f"{health}/live") == 200
+    first = psutil.Process(supervisor.proc.pid)
+    regions = [Path("/dev/shm", p.cmdline()[2]) for p in first.children()]
+    assert len(regions) == 2 and all(r.exists() for r in regions)
+    dead = _stub(supervisor, "postprocessing")
+    dead.kill()
+    assert wait_for(lambda: supervisor.state != "serving", 5)
+    assert wait_for(lambda: supervisor.state == "serving" and supervisor.proc.pid != first.pid, 30)
+    assert not alive(first)
+    assert not any(r.exists() for r in regions)  # the killed server's shared memory is not left behind
+    assert not alive(dead)
+    assert get_status(f"{health}/ready") == 200
+    supervisor.on_signal(signal.SIGTERM)
+    assert wait_for(lambda: "rc" in result, 30) and result["rc"] == EXIT_OK
+    assert supervisor.state == "stopped"
+
+
+def test_restart_budget_spent_exits_failed_with_nothing_left(fake):
+    supervisor, result = fake(max_restarts=0)
+    server = psutil.Process(supervisor.proc.pid)
+    stubs = server.children()
+    _stub(supervisor, "tensorrt_llm").kill()
+    assert wait_for(lambda: "rc" in result, 30) and result["rc"] == EXIT_FAILED
+    assert supervisor.state == "failed" and "tensorrt_llm v1 model process" in supervisor.reason
+    assert not alive(server) and not any(alive(s) for s in stubs)
+
+
+def test_sigterm_drains_in_flight_then_stops(fake):
+    supervisor, result = fake(shutdown_grace_s=0.5)
+    server, stubs = psutil.Process(supervisor.proc.pid), psutil.Process(supervisor.proc.pid).children()
+    supervisor.control.report_inflight("tensorrt_llm", 2)  # as a model process with two requests in flight would
+    started = time.monotonic()
+    supervisor.on_signal(signal.SIGTERM)
+    assert wait_for(lambda: supervisor.control.phase().phase == "draining", 5)
+    assert get_status(f"http://localhost:{supervisor.sup.health_port}/v2/health/ready") == 503
+    assert wait_for(lambda: "rc" in result, 30) and result["rc"] == EXIT_OK
+    assert time.monotonic() - started >= 0.5  # the grace period was waited out (the count never dropped)
+    assert not alive(server) and not any(alive(s) for s in stubs)
+
+
+def test_stub_watch_ignores_a_model_process_that_triton_reaped(tmp_path):
+    """A stub that exits and is reaped (Triton unloading a model) is no fault; one left a zombie is."""
+    parent = psutil.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        watch = StubWatch(parent.pid)
+        assert watch.dead() == []
+    finally:
+        parent.kill()
+        parent.wait()
+    assert StubWatch(os.getpid()).dead() == []
+
+
+def test_health_server_answers_503_with_the_state(tmp_path):
+    port = free_ports(1)[0]
+    health = HealthServer("127.0.0.1", port, lambda: ("draining", "shutting down on SIGTERM"), "localhost:1")
+    try:
+        assert get_status(f"http://localhost:{port}/v2/health/ready") == 503
+        assert get_status(f"http://localhost:{port}/v2/health/live") == 200
+        assert get_status(f"http://localhost:{port}/other") == 404
+    finally:
+        health.close()
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="shutdown_grace_s must be > 0"):
+        SupervisorOptions(shutdown_grace_s=0)
+    with pytest.raises(ValueError, match="max_restarts must be >= 0"):
+        SupervisorOptions(max_restarts=-1)
+    assert ServerPhase("aborting", "x").admitting is False
+
+
+def test_a_taken_health_port_is_refused_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        supervisor = Supervisor(ServerOptions(tmp_path, *free_ports(3)),
+                                SupervisorOptions(health_port=taken.getsockname()[1]),
+                                TritonInstall(binary=Path("/bin/false"), backend_dir=None))
+        assert supervisor.run() == EXIT_FAILED
+    assert "cannot be bound" in supervisor.reason and supervisor.proc is None
