@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import sys
 from dataclasses import fields
@@ -11,7 +12,8 @@ from pathlib import Path
 
 from ensembles import artifacts
 from ensembles.render import REPO_ROOT, RepoSpec, render
-from ensembles.server import ServerOptions, find_tritonserver, server_command, server_env
+from ensembles.server import ServerOptions
+from ensembles.stack import DEFAULT_TRITON_HTTP_PORT, FrontOptions, run_foreground
 
 DEFAULT_REPO_OUT = REPO_ROOT / "build" / "model_repository"
 # RepoSpec fields settable from the command line (--max-batch-size 8 ...).
@@ -56,7 +58,15 @@ def _parser() -> argparse.ArgumentParser:
                            type=_ARG_TYPES[field_name], metavar=field_name.upper())
         if name == "serve":
             p.add_argument("--model-repository", type=Path, help="serve this repository as it is")
-            p.add_argument("--http-port", type=int, default=int(os.environ.get("TRITON_HTTP_PORT", 8000)))
+            p.add_argument("--http-port", type=int, default=int(os.environ.get("TRITON_HTTP_PORT", 8000)),
+                           help="public HTTP (the front's KServe v2 proxy)")
+            p.add_argument("--triton-http-port", type=int, default=DEFAULT_TRITON_HTTP_PORT,
+                           help="Triton's own HTTP, bound to 127.0.0.1 (the front forwards to it)")
+            p.add_argument("--openai-port", type=int, default=int(os.environ.get("TRITONLLM_OPENAI_PORT", 9000)),
+                           help="OpenAI-compatible API (docs/front.md)")
+            p.add_argument("--no-openai", action="store_true", help="no OpenAI-compatible API")
+            p.add_argument("--chat-template", type=Path, help="jinja chat template file (default: the tokenizer's)")
+            p.add_argument("--served-model-name", help="the model id OpenAI clients use (default: ensemble)")
             p.add_argument("--grpc-port", type=int, default=int(os.environ.get("TRITON_GRPC_PORT", 8001)))
             p.add_argument("--metrics-port", type=int, default=int(os.environ.get("TRITON_METRICS_PORT", 8002)))
             p.add_argument("--log-verbose", type=int, default=0)
@@ -114,13 +124,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         print(repo)
         return 0
-    opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
-                         admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id",
-                         model_control_mode="explicit" if args.canary else "none")
-    install = find_tritonserver()
-    cmd = server_command(install, opts)
-    print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}",
-          file=sys.stderr, flush=True)
-    # Replace this process: Ctrl-C reaches tritonserver, which drains in-flight requests and exits cleanly.
-    os.execve(cmd[0], cmd, server_env(install))
-    return 0  # not reached
+    tenant_header = args.tenant_header or "x-tenant-id"
+    try:
+        opts = ServerOptions(repo, args.triton_http_port, args.grpc_port, args.metrics_port, args.log_verbose,
+                             admin_key=admin_key(args.admin_key), tenant_header=tenant_header,
+                             model_control_mode="explicit" if args.canary else "none")
+        front = FrontOptions(http_port=args.http_port, openai_port=None if args.no_openai else args.openai_port,
+                             tokenizer_dir=args.tokenizer_dir or tokenizer_dir_of(repo), chat_template=args.chat_template,
+                             limits_file=args.limits_file or limits_file_of(repo),
+                             served_model_name=args.served_model_name, tenant_header=tenant_header)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"serving {repo}", file=sys.stderr, flush=True)
+    return run_foreground(opts, front)
+
+
+def _rendered_parameter(repo: Path, model: str, key: str) -> Path | None:
+    """A path parameter of a rendered model's config.pbtxt (None when absent or empty)."""
+    config = Path(repo) / model / "config.pbtxt"
+    if not config.is_file():
+        return None
+    match = re.search(r'key: "' + key + r'" value: \{ string_value: "([^"]*)" \}', config.read_text())
+    return Path(match.group(1)) if match and match.group(1) else None
+
+
+def tokenizer_dir_of(repo: Path) -> Path | None:
+    return _rendered_parameter(repo, "preprocessing", "tokenizer_dir")
+
+
+def limits_file_of(repo: Path) -> Path | None:
+    return _rendered_parameter(repo, "tensorrt_llm", "limits_file")
