@@ -1,5 +1,5 @@
-"""`python -m ensembles {render,serve,canary}`: render the model repository, serve it with tritonserver, roll out
-canary versions (ensembles/canary_cli.py)."""
+"""`python -m ensembles {render,serve,canary,keys}`: render the model repository, serve it with tritonserver, roll
+out canary versions (ensembles/canary_cli.py), mint tenants' API keys (ensembles/keys_cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         from ensembles.canary_cli import main as canary_main
 
         return canary_main(argv[1:])
+    if argv[:1] == ["keys"]:
+        from ensembles.keys_cli import main as keys_main
+
+        return keys_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         repo = args.model_repository if getattr(args, "model_repository", None) else _render(args)

@@ -1,8 +1,8 @@
 """Tenants and their limits: the limits file (TOML or YAML) -> validated dataclasses.
 
-A request's tenant id comes from a forwarded header (`x-tenant-id` by default) or the `tenant_id` request
-parameter; requests without one belong to the default tenant, and ids the file does not name share the default
-tenant's limits and buckets (so made-up ids cannot mint fresh buckets). Tiers carry defaults and a scheduler
+A request's tenant is decided by its credentials (backend/policy/api_keys.py: the tenant's API key, or a trusted
+front naming it); requests without one belong to the default tenant, and ids the file does not name share the
+default tenant's limits and buckets (so made-up ids cannot mint fresh buckets). Tiers carry defaults and a scheduler
 priority level; a tenant names its tier and may override any limit. No Triton import: unit-tested anywhere.
 
 Example (TOML; the YAML form has the same keys):
@@ -20,6 +20,7 @@ Example (TOML; the YAML form has the same keys):
     [tenants.alice]
     tier = "premium"
     max_concurrent = 8
+    api_key_sha256 = ["<hex>"]    # python -m ensembles keys new --tenant alice
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from typing import Any, Mapping
 
 import tomllib
 import yaml
+
+from backend.policy.api_keys import Credentials, credentials_from_dict
 
 DEFAULT_TENANT = "default"
 # Tenant ids end up in metric labels and log lines: keep them short and plain.
@@ -125,6 +128,7 @@ class LimitsConfig:
     salt_prefix_cache: bool = False
     tiers: Mapping[str, Tier] = field(default_factory=lambda: dict(BUILTIN_TIERS))
     tenants: Mapping[str, TenantLimits] = field(default_factory=dict)
+    credentials: Credentials = field(default_factory=Credentials)  # API keys, trusted front (api_keys.py)
 
     def __post_init__(self) -> None:
         for name in ("max_queued_requests", "max_queued_tokens"):
@@ -160,7 +164,8 @@ def limits_from_dict(data: Mapping[str, Any]) -> LimitsConfig:
     """The parsed limits file -> LimitsConfig (raises ValueError naming the section and key)."""
     _check_keys("top level", data, ("global", "tiers", "tenants"))
     glob = data.get("global", {})
-    _check_keys("global", glob, ("max_queued_requests", "max_queued_tokens", "salt_prefix_cache"))
+    _check_keys("global", glob, ("max_queued_requests", "max_queued_tokens", "salt_prefix_cache",
+                                 "trusted_front_key_sha256", "allow_anonymous"))
     tiers = dict(BUILTIN_TIERS)
     for name, values in (data.get("tiers") or {}).items():
         _check_keys(f"tiers.{name}", values, _LIMIT_KEYS + ("priority",))
@@ -168,16 +173,17 @@ def limits_from_dict(data: Mapping[str, Any]) -> LimitsConfig:
         tiers[name] = dataclasses.replace(base, **values)
     salt = bool(glob.get("salt_prefix_cache", False))
     tenants = {}
-    for name, values in (data.get("tenants") or {}).items():
+    tenant_tables = data.get("tenants") or {}
+    for name, values in tenant_tables.items():
         check_tenant_id(name)
-        _check_keys(f"tenants.{name}", values, _LIMIT_KEYS + ("tier",))
+        _check_keys(f"tenants.{name}", values, _LIMIT_KEYS + ("tier", "api_key_sha256"))
         tier_name = values.get("tier", "standard")
         if tier_name not in tiers:
             raise ValueError(f"[tenants.{name}] names tier {tier_name!r}; known tiers: {sorted(tiers)}")
         tenants[name] = _merge(name, tiers[tier_name], values, salt)
     return LimitsConfig(max_queued_requests=glob.get("max_queued_requests"),
                         max_queued_tokens=glob.get("max_queued_tokens"), salt_prefix_cache=salt,
-                        tiers=tiers, tenants=tenants)
+                        tiers=tiers, tenants=tenants, credentials=credentials_from_dict(glob, tenant_tables))
 
 
 def load_limits(path: str | Path | None) -> LimitsConfig:
