@@ -14,6 +14,7 @@ from frontend.kserve.model_inputs import ELEMENT_SIZE, FLOAT_MAX, INT_RANGES, Mo
 # Request-level parameters Triton or our models read (docs/rate_limiting.md, docs/canary.md, Triton's HTTP API).
 KNOWN_PARAMETERS = frozenset({
     "tenant_id", "timeout_ms", "timeout", "session_id", "model_version",  # ours (policy, canary router)
+    "authorization", "x-tritonllm-front-key",  # credentials (backend/policy/api_keys.py): /generate body fields
     "priority", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",  # Triton's
 })
 _INPUT_PARAMETERS = frozenset({"binary_data_size", "shared_memory_region", "shared_memory_byte_size",

@@ -104,8 +104,8 @@ def create_app(config: OpenAIConfig) -> FastAPI:
 
     def _upstream_headers(request: Request) -> dict[str, str]:
         """Authenticate and name the tenant toward Triton."""
-        tenant = auth.tenant(request.headers.get("authorization"), request.headers.get(config.tenant_header))
-        return auth.upstream_headers(tenant)
+        tenant, key = auth.identify(request.headers.get("authorization"), request.headers.get(config.tenant_header))
+        return auth.upstream_headers(tenant, key)
 
     def _caller(request: Request, headers: dict[str, str], req: CompletionRequest | ChatCompletionRequest) -> Caller:
         request_id = request.headers.get("x-request-id")

@@ -1,38 +1,69 @@
-"""API keys -> tenants, for the OpenAI API.
+"""API keys -> tenants, for the OpenAI API (backend/policy/api_keys.py holds the rule and the stored digests).
 
-Keys live in the limits file, hashed (backend/policy/api_keys.py). With keys configured every /v1 request needs
-`Authorization: Bearer <key>`; the key's tenant is what Triton sees (the tenant header, which Triton forwards to
-the models), so the tenant's rate limits, priority and prefix-cache salt apply. Without keys the request's own
-tenant header (if any) passes through, as it does for gRPC clients. The key is never logged or labelled.
+With keys in the limits file every /v1 request needs `Authorization: Bearer <key>` (refused with 401 here, before
+the body is read); the key's tenant is what Triton sees: the front forwards the key (`authorization`) and the
+tenant (the tenant header), both forwarded by Triton to the models, so the tenant's rate limits, priority and
+prefix-cache salt apply and the model checks the key once more. Without keys, requests are anonymous (the default
+tenant): the openai SDK always sends some key, which then means nothing and is not forwarded. A tenant header
+from the client is honoured only together with that tenant's own key. Keys are never logged nor labelled.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from frontend.openai_api.errors import OpenAIError, invalid_api_key
+from backend.policy.api_keys import AUTHORIZATION, AuthenticationError, Credentials, Presented, resolve_tenant
+from backend.policy.tenants import check_tenant_id, load_limits
+from frontend.openai_api.errors import OpenAIError, bad_request
 
 
 class Authenticator:
-    def __init__(self, keys=None, tenant_header: str = "x-tenant-id") -> None:
-        self.keys = keys  # None: no keys configured
+    def __init__(self, credentials: Credentials | None, tenant_header: str = "x-tenant-id") -> None:
+        self.credentials = credentials  # None: no keys configured
         self.tenant_header = tenant_header
 
     @classmethod
     def from_limits_file(cls, path: Path | None, tenant_header: str) -> "Authenticator":
-        return cls(None, tenant_header)
+        credentials = load_limits(path).credentials if path is not None else None
+        has_keys = credentials is not None and bool(credentials.tenant_keys)
+        return cls(credentials if has_keys else None, tenant_header)
 
-    def tenant(self, authorization: str | None, claimed: str | None) -> str | None:
-        """The request's tenant: the key's (401 without a valid key when keys are configured), else the header's."""
-        if self.keys is None:
-            return claimed
-        scheme, _, key = (authorization or "").partition(" ")
-        tenant = self.keys.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
-        if tenant is None:
-            raise invalid_api_key()
-        if claimed is not None and claimed != tenant:
-            raise OpenAIError(403, f"this API key belongs to another tenant than the {self.tenant_header} header "
-                              "names; leave the header out", code="tenant_mismatch")
-        return tenant
+    def identify(self, authorization: str | None, claimed: str | None) -> tuple[str | None, str | None]:
+        """(tenant, key to forward) of a request; 401 when its credentials do not allow it."""
+        if claimed is not None:
+            try:
+                check_tenant_id(claimed)
+            except ValueError as exc:
+                raise bad_request(str(exc), self.tenant_header) from None
+        if self.credentials is None:
+            if claimed is not None:
+                raise _unauthenticated(f"the {self.tenant_header} header is honoured only with the tenant's API "
+                                       "key, and this server has none configured")
+            return None, None
+        key = _bearer(authorization)
+        try:
+            tenant = resolve_tenant(self.credentials, Presented(api_key=key, claimed_tenant=claimed))
+        except AuthenticationError as exc:
+            raise _unauthenticated(str(exc)) from None
+        return tenant, key
 
-    def upstream_headers(self, tenant: str | None) -> dict[str, str]:
-        return {self.tenant_header: tenant} if tenant else {}
+    def upstream_headers(self, tenant: str | None, key: str | None) -> dict[str, str]:
+        """gRPC metadata toward Triton: the key (the model checks it again) and the tenant it belongs to."""
+        headers = {}
+        if key is not None:
+            headers[AUTHORIZATION] = f"Bearer {key}"
+        if tenant is not None:
+            headers[self.tenant_header] = tenant
+        return headers
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if authorization is None:
+        return None
+    scheme, _, key = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise _unauthenticated("the Authorization header must be 'Bearer <api key>'")
+    return key.strip()
+
+
+def _unauthenticated(reason: str) -> OpenAIError:
+    return OpenAIError(401, reason, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

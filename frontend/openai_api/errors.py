@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 INVALID_REQUEST = "invalid_request_error"
 _RETRY_AFTER = re.compile(r"retry_after_ms=(\d+)")
+_ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")  # Triton's prefix on a composing model's error
 
 
 @dataclass
@@ -47,17 +48,13 @@ def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
-def invalid_api_key() -> OpenAIError:
-    return OpenAIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-
 def unavailable(message: str) -> OpenAIError:
     return OpenAIError(503, message, type="server_error", code="service_unavailable", headers={"Retry-After": "1"})
 
 
 def from_triton(message: str) -> OpenAIError:
     """The OpenAI error for an error text Triton sent for a request (in a stream, or as a gRPC status)."""
+    message = _ENSEMBLE_PREFIX.sub("", message)
     if message.startswith("request refused:"):
         retry = _RETRY_AFTER.search(message)
         ms = int(retry.group(1)) if retry else 1000
@@ -65,6 +62,8 @@ def from_triton(message: str) -> OpenAIError:
                            headers={"retry-after-ms": str(ms), "Retry-After": str(max(1, math.ceil(ms / 1000)))})
     if message.startswith("request timed out:"):
         return OpenAIError(504, message, type="timeout_error", code="timeout", headers={"x-should-retry": "false"})
+    if "unauthenticated:" in message:  # the model's own check of the forwarded key (backend/policy/api_keys.py)
+        return OpenAIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     if "too large to ever be admitted" in message:
         return OpenAIError(400, message, headers={"x-should-retry": "false"})
     if message.startswith(("internal error", "Failed to process the request")):
