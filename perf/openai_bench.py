@@ -19,19 +19,22 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from transformers import AutoTokenizer
-
-from ensembles import artifacts
-from ensembles.render import RepoSpec, render
-from ensembles.server import ServerOptions, free_ports
-from ensembles.stack import FrontOptions, ServingStack
-from perf.perf_analyzer import sweep
-
 PERF = Path(__file__).resolve().parent
+sys.path.insert(0, str(PERF / "perf_analyzer"))
+
+import numpy as np  # noqa: E402
+import sweep  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from ensembles import artifacts  # noqa: E402
+from ensembles.render import RepoSpec, render  # noqa: E402
+from ensembles.server import ServerOptions, free_ports  # noqa: E402
+from ensembles.stack import FrontOptions, ServingStack  # noqa: E402
+
 OUT = PERF / "out" / "openai_bench"
 AIPERF = Path(os.environ.get("AIPERF_VENV", PERF / ".venv-aiperf")) / "bin" / "aiperf"
 REPORT, JSON_OUT = PERF / "REPORT.md", PERF / "report" / "openai_bench.json"
@@ -106,7 +109,12 @@ def section(result: dict) -> str:
         f"profiles `/v1/chat/completions` (streaming) on the front; perf_analyzer the ensemble over gRPC streaming, "
         f"same prompts ({result['isl']} tokens of aiperf's corpus in one user message, rendered by the chat "
         f"template), exactly {result['osl']} new tokens, prefix caching off, one stack. Raw numbers: "
-        "[report/openai_bench.json](report/openai_bench.json).", "",
+        "[report/openai_bench.json](report/openai_bench.json). Both load generators share the server's cores: "
+        "aiperf (Python, several processes) takes more CPU than perf_analyzer (C++), which weighs on the OpenAI "
+        "column; the front itself adds an HTTP/SSE hop and a gRPC client per request."
+        + (" The machine was busy with other jobs during this run (load average above 1.5 on 2 cores): the figures "
+           "are noisy, compare the two columns rather than absolute numbers." if max(result["load"]) > 1.5 else ""),
+        "",
         table(list(zip(result["aiperf"], result["perf_analyzer"]))),
         f"aiperf command (c = 1): `{a0['command'].replace(str(PERF.parent) + '/', '')}`", "", END, ""])
 
@@ -125,7 +133,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--isl", type=int, default=128)
     parser.add_argument("--osl", type=int, default=64)
+    parser.add_argument("--render-only", action="store_true", help="rewrite REPORT.md from the last JSON")
     args = parser.parse_args()
+    if args.render_only:
+        write_report(json.loads(JSON_OUT.read_text()))
+        return
     if not AIPERF.exists():
         subprocess.run(["bash", str(PERF / "aiperf" / "setup.sh")], check=True)
     model = artifacts.demo()

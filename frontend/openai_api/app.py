@@ -61,6 +61,39 @@ async def _until_disconnect(request: Request, work: Awaitable[Response]) -> Resp
         watcher.cancel()
 
 
+class MetricsMiddleware:
+    """Counts /v1 requests by route and status and times them to the last byte (a streamed answer included);
+    plain ASGI, so streamed chunks pass straight through."""
+
+    def __init__(self, app, metrics: Callable[[], Serving | None]) -> None:
+        self.app, self.serving = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        serving = self.serving()
+        if scope["type"] != "http" or serving is None or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        route, status = _route(scope["path"]), [500]
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        with serving.metrics.track(route):
+            try:
+                await self.app(scope, receive, send_status)
+            finally:
+                serving.metrics.count(route, status[0])
+
+
+def _route(path: str) -> str:
+    """A metric label from a path: the known routes, else one bucket (paths come from clients)."""
+    if path in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
+        return path
+    return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+
+
 def create_app(config: OpenAIConfig) -> FastAPI:
     state: dict[str, Serving] = {}
     auth = Authenticator.from_limits_file(config.limits_file, config.tenant_header)
@@ -92,15 +125,7 @@ def create_app(config: OpenAIConfig) -> FastAPI:
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return OpenAIError(exc.status_code, str(exc.detail)).response()
 
-    @app.middleware("http")
-    async def _metrics(request: Request, call_next: Callable) -> Response:
-        serving = state.get("serving")
-        if serving is None or not request.url.path.startswith("/v1/"):
-            return await call_next(request)
-        with serving.metrics.track(request.url.path):
-            response = await call_next(request)
-        serving.metrics.count(request.url.path, response.status_code)
-        return response
+    app.add_middleware(MetricsMiddleware, metrics=lambda: state.get("serving"))
 
     def _upstream_headers(request: Request) -> dict[str, str]:
         """Authenticate and name the tenant toward Triton."""

@@ -92,7 +92,7 @@ def to_chunk(result) -> Chunk | None:
     log_probs = result.as_numpy("output_log_probs")
     top_ids, top_lps = result.as_numpy("top_log_probs_ids"), result.as_numpy("top_log_probs")
     top = []
-    if top_ids is not None and top_lps is not None:
+    if top_ids is not None and top_lps is not None and top_ids.size:
         k = top_ids.shape[-1]
         top = [list(zip(map(int, ids), map(float, lps)))
                for ids, lps in zip(top_ids.reshape(-1, k), top_lps.reshape(-1, k))]
