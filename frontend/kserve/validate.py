@@ -113,7 +113,7 @@ def _check_count(field: str, tensor: Tensor, count: int) -> None:
 def _check_required(sig: ModelSignature, given: Any) -> None:
     missing = [name for name, t in sig.inputs.items() if not t.optional and name not in given]
     if missing:
-        raise RequestError(f"missing required input(s) of model {sig.name!r}: {', '.join(missing)}")
+        raise RequestError(f"model {sig.name!r}: missing required input(s) {missing}")
 
 
 def _product(dims: Any) -> int:

@@ -28,6 +28,11 @@ class Serving:
             raise model_not_found(model)
         return self.config.model_id
 
+    def model_card(self) -> dict:
+        """The model as /v1/models lists it (vLLM's extra fields root / parent included)."""
+        return {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "tritonllm",
+                "root": self.config.model_id, "parent": None}
+
     async def start_all(self, gens: list[Generation]) -> None:
         """Wait for every generation's first response; on any error stop them all and raise it."""
         results = await asyncio.gather(*(g.first() for g in gens), return_exceptions=True)

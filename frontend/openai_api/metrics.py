@@ -36,3 +36,35 @@ class FrontMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Counts /v1 requests by route and status and times them to the last byte (a streamed answer included);
+    plain ASGI, so streamed chunks pass straight through."""
+
+    def __init__(self, app, metrics: FrontMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        route, status = route_label(scope["path"]), [500]
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        with self.metrics.track(route):
+            try:
+                await self.app(scope, receive, send_status)
+            finally:
+                self.metrics.count(route, status[0])
+
+
+def route_label(path: str) -> str:
+    """A metric label from a path: the known routes, else one bucket (paths come from clients)."""
+    if path in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
+        return path
+    return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"

@@ -59,7 +59,7 @@ def test_integers_out_of_their_input_range_are_refused_naming_the_field(server, 
     (b'{"text_input": "def ", "max_tokens": 8, "temperature": "hot"}', "temperature must be a number"),
     (b'{"text_input": "def ", "max_tokens": 8, "stream": 1}', "stream must be true or false"),
     (b'{"text_input": "def ", "max_tokens": 8, "max_tokens": 9}', "twice"),
-    (b'{"text_input": "def "}', "missing required input(s) of model 'ensemble': max_tokens"),
+    (b'{"text_input": "def "}', "missing required input(s) ['max_tokens']"),
     (b'\xff\xfe{}', "not UTF-8"),
 ])
 def test_malformed_and_mistyped_json_get_400(server, body, needle):

@@ -209,3 +209,18 @@ def test_disconnect_mid_stream_cancels_the_request_and_frees_its_kv_blocks(serve
     # Cancelled, not run to the end: the engine stopped within a few steps of the close, not ~900 steps later.
     steps = metrics.value(metrics.scrape(port), ITERATIONS, general_type="iteration_counter") - closed_at
     assert steps < 300, steps
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(server):
+    port = server.opts.metrics_port
+    idle = metrics.value(metrics.scrape(port), BLOCKS, kv_cache_block_type="max")
+    assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
+    body = {"model": "ensemble", "prompt": "def long_answer(x):\n", "max_tokens": 900, "min_tokens": 900,
+            "temperature": 0}
+    with pytest.raises(requests.ReadTimeout):  # the client gives up after 3 s and closes its connection
+        requests.post(f"{server.openai_url}/completions", json=body, timeout=(10, 3))
+    closed_at = metrics.value(metrics.scrape(port), ITERATIONS, general_type="iteration_counter")
+    assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
+    assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, request_type="active") == 0.0
+    steps = metrics.value(metrics.scrape(port), ITERATIONS, general_type="iteration_counter") - closed_at
+    assert steps < 300, steps  # stopped, not generated to its 900 tokens

@@ -87,9 +87,13 @@ def test_chat_request_shape():
 @pytest.mark.parametrize("message, status, headers", [
     ("in ensemble 'ensemble', request refused: tenant 'a' is over its rate (limit requests_per_s); "
      "retry_after_ms=1500", 429, {"retry-after-ms": "1500", "Retry-After": "2"}),
+    ("request refused: the server's queue is full (limit max_queued_requests); retry_after_ms=250", 503,
+     {"retry-after-ms": "250", "Retry-After": "1"}),
+    ("Request for unknown model: 'ensemble' is not found", 503, {"Retry-After": "1"}),
     ("request timed out: its deadline (timeout_ms=5) passed; its KV blocks were freed", 504,
      {"x-should-retry": "false"}),
-    ("request of 900 tokens is too large to ever be admitted", 400, {"x-should-retry": "false"}),
+    ("request refused: 900 tokens > token_burst 100 (limit tokens_per_s; too large to ever be admitted)", 400,
+     {"x-should-retry": "false"}),
     ("unauthenticated: the API key presented is not valid", 401, {"WWW-Authenticate": "Bearer"}),
     ("max_tokens (9) exceeds max_output_len (8)", 400, {}),
 ])
