@@ -79,7 +79,7 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, c
     max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None),
                       serving.config.default_max_tokens)
     params = generation_params(req, max_tokens, logprobs=req.logprobs, top_logprobs=top_logprobs)
-    gen = Generation(serving.client, serving.config.model, prompt, params, caller, req.stream)
+    gen = Generation(serving.client, serving.config.model, prompt, params, caller)
     await serving.start_all([gen])
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": model}

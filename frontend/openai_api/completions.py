@@ -81,7 +81,7 @@ async def create_completion(serving: Serving, req: CompletionRequest, caller: Ca
     model = serving.check_model(req.model)
     params = generation_params(req, DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens,
                                logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0)
-    gens = [Generation(serving.client, serving.config.model, prompt, params, caller, req.stream,
+    gens = [Generation(serving.client, serving.config.model, prompt, params, caller,
                        tag=f"-{p}" if len(prompts) > 1 else "") for p, prompt in enumerate(prompts)]
     await serving.start_all(gens)
     base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),

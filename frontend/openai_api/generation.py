@@ -4,6 +4,11 @@ them), log-probs, and finish_reason.
 finish_reason: the engine drops the end token and a matched stop word from the output and ends with "length"
 exactly when the output reached max_tokens, so a sequence whose output holds max_tokens tokens ended on length,
 any other on stop (EOS or a stop string).
+
+The ensemble request is always streamed, also for a non-streamed answer: Triton does not mark an ensemble's
+in-flight composing request cancelled when the client cancels; the engine request learns it from postprocessing,
+at its next streamed response (model_repository/postprocessing). A request that sends one response at the end
+would run to completion after its client left; a streamed one stops within a step.
 """
 from __future__ import annotations
 
@@ -24,7 +29,6 @@ class SequenceState:
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_sent: bool = False  # streaming: its finish chunk went out
 
     def add(self, chunk: Chunk) -> None:
         self.text.append(chunk.text)
@@ -60,11 +64,11 @@ class Generation:
     argument becomes the HTTP status before any byte of a streamed answer; iterate for the chunks after it."""
 
     def __init__(self, client: grpcclient.InferenceServerClient, model: str, prompt: str, params: GenerationParams,
-                 caller: Caller, streaming: bool, tag: str = "") -> None:
+                 caller: Caller, tag: str = "") -> None:
         self.params = params
         self.sequences = {i: SequenceState(i) for i in range(params.n)}
         self.prompt_tokens = 0
-        request = UpstreamRequest(model=model, inputs=params.inputs(prompt, streaming), outputs=params.outputs(),
+        request = UpstreamRequest(model=model, inputs=params.inputs(prompt, stream=True), outputs=params.outputs(),
                                   request_id=caller.request_id + tag, headers=caller.headers,
                                   parameters=caller.parameters())
         self._chunks: AsyncIterator[Chunk] = stream(client, request)

@@ -50,6 +50,10 @@ async def _until_disconnect(request: Request, work: Awaitable[Response]) -> Resp
     watcher = asyncio.ensure_future(watch())
     try:
         return await task
+    except asyncio.CancelledError:
+        if not watcher.done():
+            raise  # this handler itself is being cancelled (shutdown), not the client gone
+        return Response(status_code=499)  # nobody reads it: the client went away (nginx's "client closed")
     finally:
         watcher.cancel()
 

@@ -29,7 +29,7 @@ def _fake_stream(chunks: list[Chunk | Exception]):
 
 def _events(monkeypatch, chunks, n=2, max_tokens=2, include_usage=True) -> list:
     monkeypatch.setattr(generation, "stream", _fake_stream(chunks))
-    gen = Generation(None, "ensemble", "hi", GenerationParams(max_tokens=max_tokens, n=n), Caller(), streaming=True)
+    gen = Generation(None, "ensemble", "hi", GenerationParams(max_tokens=max_tokens, n=n), Caller())
 
     async def collect():
         await gen.first()
@@ -64,7 +64,7 @@ def test_error_inside_a_stream_is_an_error_event_then_done(monkeypatch):
 
 def test_first_response_error_surfaces_before_streaming(monkeypatch):
     monkeypatch.setattr(generation, "stream", _fake_stream([OpenAIError(429, "request refused: x")]))
-    gen = Generation(None, "ensemble", "hi", GenerationParams(max_tokens=2), Caller(), streaming=True)
+    gen = Generation(None, "ensemble", "hi", GenerationParams(max_tokens=2), Caller())
     with pytest.raises(OpenAIError) as err:
         asyncio.run(gen.first())
     assert err.value.status == 429
