@@ -1,5 +1,6 @@
 # tritonllm: `make serve` serves the demo model end to end; `make test` runs the whole test suite;
-# `make bench` runs the side-by-side benchmark and writes perf/REPORT.md.
+# `make bench` runs the side-by-side benchmark and writes perf/REPORT.md; `make bench-openai` adds aiperf's
+# figures for the OpenAI API beside perf_analyzer's.
 # All create/reuse the project virtualenv (.venv) and install what is needed first.
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,11 +17,14 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 # true: streaming (gRPC streams, HTTP generate_stream); false: KServe unary inference (HTTP /infer, gRPC ModelInfer)
 DECOUPLED_MODE ?= true
-HEALTH_PORT ?= 8003
+OPENAI_PORT ?= 9000
+# Triton's own HTTP, on 127.0.0.1 only (the front on HTTP_PORT forwards to it); the launcher's health endpoint.
+TRITON_HTTP_PORT ?= 8003
+HEALTH_PORT ?= 8004
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo-model perf-tools serve test unit bench clean
+.PHONY: setup demo-model perf-tools serve test unit bench bench-openai clean
 
 setup: $(STAMP)
 
@@ -42,7 +46,9 @@ perf-tools: setup
 
 # One plain command (no shell in between): make passes SIGTERM on to it, and the launcher drains before stopping.
 serve: setup
-	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --health-port $(HEALTH_PORT) --decoupled-mode $(DECOUPLED_MODE) $(SERVE_ARGS)
+	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		--decoupled-mode $(DECOUPLED_MODE) --openai-port $(OPENAI_PORT) --triton-http-port $(TRITON_HTTP_PORT) \
+		--health-port $(HEALTH_PORT) $(SERVE_ARGS)
 
 # The demo model is built (or found cached) first, so no test's time limit includes its training.
 test: setup demo-model perf-tools
@@ -55,6 +61,12 @@ unit: setup
 # perf/.venv-vllm exists, prefix cache on/off, float32 vs bfloat16 -> perf/REPORT.md + perf/report/*.png.
 bench: setup demo-model perf-tools
 	$(BIN)/python perf/bench_report.py $(BENCH_ARGS)
+
+# aiperf (own virtualenv, perf/.venv-aiperf) on the OpenAI API beside perf_analyzer on the ensemble, 1/4/16
+# concurrent -> the "OpenAI API (aiperf)" section of perf/REPORT.md.
+bench-openai: setup demo-model perf-tools
+	bash perf/aiperf/setup.sh
+	$(BIN)/python perf/openai_bench.py
 
 clean:
 	rm -rf build .pytest_cache

@@ -16,6 +16,7 @@
 
 errors.py (InvalidRequestError) is a leaf every layer may import. No module here imports Triton (the Triton
 models under model_repository/ are thin adapters that pass pb_utils in), build_engines, ensembles or perf.
-Outside: build_engines imports backend; ensembles imports both; perf imports anything and nothing imports perf.
+Outside: build_engines imports backend; ensembles imports both; frontend (the HTTP front) imports backend.policy
+only; perf imports anything and nothing imports perf.
 tests/unit/test_layers.py checks all of this by parsing every import (tests/unit/import_rules.py holds the rules).
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +29,13 @@ __all__ = ["DemoRecipe", "build_demo_model", "heldout_text", "make_random_model"
 
 # Bump when the build changes in a way the recipe fields do not capture.
 DEMO_FORMAT_VERSION = 1
+# The demo model's chat template (a code model: the conversation as Python comments, the answer continues it).
+# It lives beside the tokenizer files as chat_template.jinja (where transformers reads it); the weights and the
+# recipe fingerprint do not depend on it, so it is added to a cached build too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}# assistant:\n{% endif %}"
+)
 SAMPLE_PROMPTS = ("def ", "import os\n", "class ")
 HELDOUT_CHARS = 200_000  # ~60k tokens: enough for a stable held-out loss, quick to score
 
@@ -83,7 +91,19 @@ def build_demo_model(cache_root: Path | None = None, recipe: DemoRecipe = DemoRe
         stats = _train_and_save(recipe, tokenizer_dir, tmp / "hf")
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
 
-    return build_once(cache_root / f"demo-{recipe.fingerprint()}", build) / "hf"
+    hf_dir = build_once(cache_root / f"demo-{recipe.fingerprint()}", build) / "hf"
+    write_chat_template(hf_dir)
+    return hf_dir
+
+
+def write_chat_template(hf_dir: Path) -> None:
+    """Put CHAT_TEMPLATE beside the tokenizer files unless it is there already (atomic: readers never see half)."""
+    path = hf_dir / "chat_template.jinja"
+    if path.is_file() and path.read_text() == CHAT_TEMPLATE:
+        return
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(CHAT_TEMPLATE)
+    os.replace(tmp, path)
 
 
 def _train_and_save(recipe: DemoRecipe, tokenizer_dir: Path, hf_dir: Path) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import sys
 from dataclasses import fields
@@ -12,6 +13,7 @@ from pathlib import Path
 from ensembles import artifacts
 from ensembles.render import REPO_ROOT, RepoSpec, render
 from ensembles.server import ServerOptions
+from ensembles.stack import DEFAULT_TRITON_HTTP_PORT, LOOPBACK, FrontOptions, FrontProcess
 from ensembles.supervisor import Supervisor, SupervisorOptions
 
 DEFAULT_REPO_OUT = REPO_ROOT / "build" / "model_repository"
@@ -58,7 +60,15 @@ def _parser() -> argparse.ArgumentParser:
                            type=_ARG_TYPES[field_name], metavar=field_name.upper())
         if name == "serve":
             p.add_argument("--model-repository", type=Path, help="serve this repository as it is")
-            p.add_argument("--http-port", type=int, default=int(os.environ.get("TRITON_HTTP_PORT", 8000)))
+            p.add_argument("--http-port", type=int, default=int(os.environ.get("TRITON_HTTP_PORT", 8000)),
+                           help="public HTTP (the front's KServe v2 proxy)")
+            p.add_argument("--triton-http-port", type=int, default=DEFAULT_TRITON_HTTP_PORT,
+                           help="Triton's own HTTP, bound to 127.0.0.1 (the front forwards to it)")
+            p.add_argument("--openai-port", type=int, default=int(os.environ.get("TRITONLLM_OPENAI_PORT", 9000)),
+                           help="OpenAI-compatible API (docs/front.md)")
+            p.add_argument("--no-openai", action="store_true", help="no OpenAI-compatible API")
+            p.add_argument("--chat-template", type=Path, help="jinja chat template file (default: the tokenizer's)")
+            p.add_argument("--served-model-name", help="the model id OpenAI clients use (default: ensemble)")
             p.add_argument("--grpc-port", type=int, default=int(os.environ.get("TRITON_GRPC_PORT", 8001)))
             p.add_argument("--metrics-port", type=int, default=int(os.environ.get("TRITON_METRICS_PORT", 8002)))
             p.add_argument("--log-verbose", type=int, default=0)
@@ -71,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _supervisor_args(p: argparse.ArgumentParser) -> None:
     """Shutdown and restart behaviour (ensembles/supervisor.py, docs/operations.md)."""
-    p.add_argument("--health-port", type=int, default=int(os.environ.get("TRITONLLM_HEALTH_PORT", 8003)),
+    p.add_argument("--health-port", type=int, default=int(os.environ.get("TRITONLLM_HEALTH_PORT", 8004)),
                    help="the launcher's readiness/liveness endpoint (/v2/health/ready, /v2/health/live); 0: none")
     p.add_argument("--shutdown-grace-s", type=float, default=30.0,
                    help="on SIGTERM/SIGINT: how long in-flight requests may take before they are failed")
@@ -133,19 +143,53 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         print(repo)
         return 0
-    opts = ServerOptions(repo, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
-                         admin_key=admin_key(args.admin_key), tenant_header=args.tenant_header or "x-tenant-id",
-                         model_control_mode="explicit" if args.canary else "none")
+    tenant_header = args.tenant_header or "x-tenant-id"
     try:
+        opts = ServerOptions(repo, args.triton_http_port, args.grpc_port, args.metrics_port, args.log_verbose,
+                             admin_key=admin_key(args.admin_key), tenant_header=tenant_header,
+                             model_control_mode="explicit" if args.canary else "none", http_address=LOOPBACK)
+        front = FrontOptions(http_port=args.http_port, openai_port=None if args.no_openai else args.openai_port,
+                             tokenizer_dir=args.tokenizer_dir or tokenizer_dir_of(repo), chat_template=args.chat_template,
+                             limits_file=args.limits_file or limits_file_of(repo),
+                             served_model_name=args.served_model_name, tenant_header=tenant_header)
         sup = SupervisorOptions(shutdown_grace_s=args.shutdown_grace_s, max_restarts=args.max_restarts,
                                 restart_window_s=args.restart_window_s, health_port=args.health_port or None)
+        _distinct_ports(opts, front, sup)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"serving {repo}: HTTP :{opts.http_port}, gRPC :{opts.grpc_port}, metrics :{opts.metrics_port}, health "
-          f":{sup.health_port}", file=sys.stderr, flush=True)
-    # tritonserver runs as a child: the launcher restarts it when a model process dies, and on SIGTERM / Ctrl-C
-    # drains in-flight requests before stopping it (docs/operations.md).
-    supervisor = Supervisor(opts, sup)
+    print(f"serving {repo}: HTTP :{front.http_port} (the front: KServe v2), gRPC :{opts.grpc_port}, metrics "
+          f":{opts.metrics_port}" + (f", OpenAI :{front.openai_port}" if front.openai_port else "")
+          + f", health :{sup.health_port}; Triton's own HTTP {LOOPBACK}:{opts.http_port}", file=sys.stderr, flush=True)
+    # tritonserver and the front run as children: the launcher restarts them when a model process or the front
+    # dies, and on SIGTERM / Ctrl-C drains in-flight requests before stopping them (docs/operations.md).
+    supervisor = Supervisor(opts, sup, front=FrontProcess(front, opts))
     supervisor.install_signal_handlers()
     return supervisor.run()
+
+
+def _distinct_ports(opts: ServerOptions, front: FrontOptions, sup: SupervisorOptions) -> None:
+    ports = {"--http-port": front.http_port, "--grpc-port": opts.grpc_port, "--metrics-port": opts.metrics_port,
+             "--triton-http-port": opts.http_port, "--openai-port": front.openai_port, "--health-port": sup.health_port}
+    used = [(flag, port) for flag, port in ports.items() if port]
+    for i, (flag, port) in enumerate(used):
+        clash = [other for other, p in used[i + 1:] if p == port]
+        if clash:
+            raise ValueError(f"{flag} and {clash[0]} are both {port}: every port must differ")
+
+
+def _rendered_parameter(repo: Path, model: str, key: str) -> Path | None:
+    """A path parameter of a rendered model's config.pbtxt (None when absent or empty)."""
+    config = Path(repo) / model / "config.pbtxt"
+    if not config.is_file():
+        return None
+    match = re.search(r'key: "' + key + r'" value: \{ string_value: "([^"]*)" \}', config.read_text())
+    return Path(match.group(1)) if match and match.group(1) else None
+
+
+def tokenizer_dir_of(repo: Path) -> Path | None:
+    return _rendered_parameter(repo, "preprocessing", "tokenizer_dir")
+
+
+def limits_file_of(repo: Path) -> Path | None:
+    return _rendered_parameter(repo, "tensorrt_llm", "limits_file")

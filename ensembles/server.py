@@ -34,6 +34,9 @@ class ServerOptions:
     metrics_port: int = 8002
     log_verbose: int = 0
     extra_args: tuple[str, ...] = ()
+    # Where Triton's HTTP binds. The launcher binds it to loopback: the public HTTP surface is the front
+    # (frontend/, ensembles/stack.py), which bounds and validates bodies before Triton parses them.
+    http_address: str = "0.0.0.0"
     # Secure defaults (the CLI always sets admin_key): model-repository control, shared memory, trace and logging
     # settings need this key in the ADMIN_HEADER header. None: unrestricted (tests that drive these APIs).
     admin_key: str | None = None
@@ -115,6 +118,8 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
         str(install.binary),
         f"--model-repository={Path(opts.model_repository).resolve()}",
         f"--http-port={opts.http_port}",
+        f"--http-address={opts.http_address}",
+        "--metrics-address=0.0.0.0",  # Triton binds metrics where HTTP binds unless told: metrics stay public
         f"--grpc-port={opts.grpc_port}",
         f"--metrics-port={opts.metrics_port}",
         "--allow-metrics=true",
@@ -169,7 +174,8 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"localhost:{self.opts.http_port}"
+        host = "127.0.0.1" if self.opts.http_address in ("0.0.0.0", "127.0.0.1") else self.opts.http_address
+        return f"{host}:{self.opts.http_port}"
 
     @property
     def grpc_url(self) -> str:

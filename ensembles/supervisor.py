@@ -9,6 +9,9 @@
   in-flight requests finish for up to `shutdown_grace_s`, fail the rest with UNAVAILABLE ("the grace period ended"),
   then stop tritonserver (SIGINT, then SIGKILL of its process group after `stop_timeout_s`) and exit 0 with no
   model process left. A second signal skips the rest of the grace period.
+- The front (frontend/, the public HTTP port and the OpenAI API) runs beside tritonserver as a second child: it
+  answers 503 for Triton's routes while tritonserver restarts; a front that exits is a fault like a dead model
+  process (both are restarted); it is stopped after tritonserver, once in-flight requests have drained.
 The launcher and the models talk through backend/serving/lifecycle.py's control folder.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from backend.serving.lifecycle import CONTROL_DIR_ENV, ControlDir, ServerPhase
 from ensembles.health import HealthServer, triton_ready
 from ensembles.server import ServerOptions, TritonInstall, find_tritonserver, server_command, server_env
+from ensembles.stack import FrontProcess
 from ensembles.stub_watch import StubWatch
 
 EXIT_OK = 0
@@ -57,8 +61,10 @@ def _say(message: str) -> None:
 
 
 class Supervisor:
-    def __init__(self, opts: ServerOptions, sup: SupervisorOptions, install: TritonInstall | None = None) -> None:
+    def __init__(self, opts: ServerOptions, sup: SupervisorOptions, install: TritonInstall | None = None,
+                 front: FrontProcess | None = None) -> None:
         self.opts = opts
+        self.front = front
         self.sup = sup
         self.install = install or find_tritonserver()
         self.control = ControlDir(tempfile.mkdtemp(prefix="tritonllm-control-"))
@@ -79,6 +85,8 @@ class Supervisor:
             signal.signal(sig, self.on_signal)
 
     def current(self) -> tuple[str, str]:
+        if self.state == "serving" and self.front is not None and self.front.exited() is not None:
+            return "restarting", f"the front exited with code {self.front.exited()}"
         return self.state, self.reason
 
     def _set(self, state: str, reason: str) -> None:
@@ -91,7 +99,7 @@ class Supervisor:
         try:
             if self.sup.health_port is not None:
                 health = HealthServer(self.sup.health_host, self.sup.health_port, self.current,
-                                      f"localhost:{self.opts.http_port}")
+                                      f"127.0.0.1:{self.opts.http_port}")
         except OSError as exc:
             self._set("failed", f"the health port {self.sup.health_port} cannot be bound ({exc}): --health-port")
             shutil.rmtree(self.control.path, ignore_errors=True)
@@ -100,6 +108,8 @@ class Supervisor:
             return self._serve()
         finally:
             self._kill()
+            if self.front is not None:
+                self.front.stop(self.sup.stop_timeout_s)
             if health is not None:
                 health.close()
             shutil.rmtree(self.control.path, ignore_errors=True)
@@ -131,6 +141,8 @@ class Supervisor:
                 return EXIT_FAILED
 
     def _start(self) -> bool:
+        if self.front is not None and (self.front.proc is None or self.front.exited() is not None):
+            self.front.start()  # at once: it answers 503 for Triton's routes until tritonserver is ready
         self.control.set_phase(ServerPhase("serving"))
         self.control.clear_inflight()
         env = {**server_env(self.install), CONTROL_DIR_ENV: str(self.control.path)}
@@ -141,7 +153,7 @@ class Supervisor:
             if self.proc.poll() is not None:
                 self.reason = f"tritonserver exited with code {self.proc.returncode} before it was ready"
                 return False
-            if triton_ready(f"localhost:{self.opts.http_port}"):
+            if triton_ready(f"127.0.0.1:{self.opts.http_port}"):
                 self.watch = StubWatch(self.proc.pid)
                 self._set("serving", f"tritonserver (pid {self.proc.pid}) is ready")
                 return True
@@ -157,6 +169,8 @@ class Supervisor:
                 return None
             if self.proc.poll() is not None:
                 return f"tritonserver exited with code {self.proc.returncode}"
+            if self.front is not None and self.front.exited() is not None:
+                return f"the front exited with code {self.front.exited()}"
             dead = self.watch.dead()
             if dead:
                 return "; ".join(dead)

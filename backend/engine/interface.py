@@ -5,11 +5,11 @@ executor over a trtllm-build engine dir, backend/engine/trtllm_executor.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from backend.engine.config import EngineConfig
-from backend.engine.sequence import FinishReason, Request
+from backend.engine.sequence import FinishReason, Request, TopLogProbs
 from backend.engine.stats import EngineStats
 
 
@@ -40,6 +40,7 @@ class RequestOutput:
     cum_log_prob: float | None = None
     perf: PerfMetrics | None = None
     error: str | None = None  # finish_reason ERROR: why this request failed (the others of its step go on)
+    new_top_log_probs: list[TopLogProbs] = field(default_factory=list)  # per new token, with num_top_log_probs
 
 
 class EngineCore(Protocol):

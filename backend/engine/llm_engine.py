@@ -17,7 +17,7 @@ from backend.engine.rope_regime import RopeRegime
 from backend.engine.sampler import SampleResult, sample
 from backend.engine.scheduler import Scheduler
 from backend.engine.scheduler_output import SchedulerOutput
-from backend.engine.sequence import FinishReason, Request, SeqStatus, Sequence
+from backend.engine.sequence import Emitted, FinishReason, Request, SeqStatus, Sequence
 from backend.engine.stats import EngineStats, StepSummary
 from backend.errors import InvalidRequestError
 from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit
@@ -110,14 +110,14 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
-        return self._output(seq, *seq.take_emittable())
+        return self._output(seq, seq.take_emittable())
 
     def _fail(self, seq: Sequence, message: str) -> RequestOutput:
         """End seq with an error, freeing what it holds: the engine stays consistent for every other request."""
         self.sequences.pop(seq.request_id, None)
         self.scheduler.finish(seq)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.ERROR
-        return dataclasses.replace(self._output(seq, [], []), error=message)
+        return dataclasses.replace(self._output(seq, Emitted([], [], [])), error=message)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -174,20 +174,21 @@ class LLMEngine:
                 continue
             seq.first_token_time_ns = seq.first_token_time_ns or now
             seq.last_token_time_ns = now
-            seq.append(result.token, result.log_prob)
-            new, lps = seq.take_emittable()
+            seq.append(result.token, result.log_prob, result.top)
+            emitted = seq.take_emittable()
             if seq.status is SeqStatus.FINISHED:
                 self.scheduler.finish(seq)
                 del self.sequences[seq.request_id]
-            outputs.append(self._output(seq, new, lps))
+            outputs.append(self._output(seq, emitted))
         return outputs
 
-    def _output(self, seq: Sequence, new: list[int], lps: list[float]) -> RequestOutput:
+    def _output(self, seq: Sequence, emitted: Emitted) -> RequestOutput:
         cum = sum(seq.output_log_probs) if seq.request.sampling.return_log_probs else None
         return RequestOutput(
             request_id=seq.request_id,
-            new_token_ids=new,
-            new_log_probs=lps,
+            new_token_ids=emitted.token_ids,
+            new_log_probs=emitted.log_probs,
+            new_top_log_probs=emitted.top_log_probs,
             finished=seq.status is SeqStatus.FINISHED,
             finish_reason=seq.finish_reason,
             num_input_tokens=seq.num_prompt_tokens,

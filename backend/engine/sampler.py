@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.engine.sequence import Sequence
+from backend.engine.sequence import Sequence, TopLogProbs
 
 _TEMPERATURE_EPS = 1e-6  # TensorRT-LLM's: logits * 1 / (t + 1e-6)
 
@@ -25,11 +25,13 @@ class SampleResult:
     token: int
     log_prob: float | None  # log-probability of the token under the unmodified model distribution
     error: str | None = None  # set when this row failed: token is then meaningless
+    top: TopLogProbs = ()  # the num_top_log_probs most likely tokens under that same distribution
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     """logits (S, vocab) float32, row i for seqs[i]."""
-    log_probs = torch.log_softmax(logits, dim=-1) if any(s.request.sampling.return_log_probs for s in seqs) else None
+    wants = any(s.request.sampling.return_log_probs or s.request.sampling.num_top_log_probs for s in seqs)
+    log_probs = torch.log_softmax(logits, dim=-1) if wants else None
     argmax = logits.argmax(dim=-1).tolist()  # one call for the common case: greedy, nothing masked
     results = []
     for i, seq in enumerate(seqs):
@@ -38,9 +40,17 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not fail the step's other rows
             results.append(SampleResult(0, None, f"sampling failed for this request: {exc}"))
             continue
-        lp = float(log_probs[i, token]) if log_probs is not None and seq.request.sampling.return_log_probs else None
-        results.append(SampleResult(token, lp))
+        sampling = seq.request.sampling
+        lp = float(log_probs[i, token]) if log_probs is not None and sampling.return_log_probs else None
+        k = sampling.num_top_log_probs
+        results.append(SampleResult(token, lp, top=_top(log_probs[i], k) if k else ()))
     return results
+
+
+def _top(log_probs: torch.Tensor, k: int) -> TopLogProbs:
+    """The k most likely tokens of one row (vocab,) of log-probs, highest first."""
+    values, ids = torch.topk(log_probs, min(k, log_probs.shape[0]))
+    return tuple(zip(ids.tolist(), values.tolist()))
 
 
 def _choose(logits: torch.Tensor, argmax: int, seq: Sequence) -> int:

@@ -13,6 +13,7 @@ from backend.errors import InvalidRequestError
 # Longest stop / bad word list a request may carry, in token ids (all words of one list together): each held word
 # is compared against the output tail at every step.
 MAX_WORD_LIST_TOKENS = 1024
+MAX_TOP_LOG_PROBS = 20  # alternatives per generated token (OpenAI's top_logprobs limit)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -43,6 +44,9 @@ class SamplingParams:
     # Token sequences that are never generated: their last token is masked when the rest is the current suffix.
     bad_words: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
     return_log_probs: bool = False
+    # How many of the most likely tokens (ids and log-probs under the unmodified distribution) to return per
+    # generated token; 0: none.
+    num_top_log_probs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("temperature", "repetition_penalty", "presence_penalty", "frequency_penalty", "length_penalty"):
@@ -58,6 +62,8 @@ class SamplingParams:
         _check(self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check(self.length_penalty >= 0.0, f"length_penalty must be >= 0, got {self.length_penalty}")
         _check(self.seed is None or 0 <= self.seed < 2**64, f"seed must be >= 0 and < 2^64, got {self.seed}")
+        _check(0 <= self.num_top_log_probs <= MAX_TOP_LOG_PROBS,
+               f"num_top_log_probs must be in [0, {MAX_TOP_LOG_PROBS}], got {self.num_top_log_probs}")
         for name in ("stop_words", "bad_words"):
             words = getattr(self, name)
             _check(all(len(w) > 0 for w in words), f"{name} contains an empty word")

@@ -8,6 +8,8 @@ import torch
 
 from backend.engine.sampling_params import SamplingParams
 
+TopLogProbs = tuple[tuple[int, float], ...]  # (token id, log-prob) of the most likely tokens, highest first
+
 
 class FinishReason(str, enum.Enum):
     END_ID = "end_id"
@@ -34,6 +36,15 @@ class Request:
     priority: int = 0  # scheduler priority level: higher levels are admitted first, FCFS within a level
 
 
+@dataclass(frozen=True)
+class Emitted:
+    """Output tokens handed to the caller in one step, with what was asked alongside each."""
+
+    token_ids: list[int]
+    log_probs: list[float]  # one per token with return_log_probs, else empty
+    top_log_probs: list[TopLogProbs]  # one per token with num_top_log_probs, else empty
+
+
 @dataclass
 class Sequence:
     request: Request
@@ -53,6 +64,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     generator: torch.Generator | None = None  # per-request RNG: same seed -> same tokens in any batch
     output_log_probs: list[float] = field(default_factory=list)
+    output_top_log_probs: list[TopLogProbs] = field(default_factory=list)
     num_emitted: int = 0  # output tokens already handed to the caller
 
     @classmethod
@@ -93,29 +105,33 @@ class Sequence:
         """The longest this sequence can grow: the KV it may need."""
         return self.num_prompt_tokens + self.request.sampling.max_tokens
 
-    def append(self, token: int, log_prob: float | None) -> None:
+    def append(self, token: int, log_prob: float | None, top: TopLogProbs = ()) -> None:
         self.token_ids.append(token)
         if log_prob is not None:
             self.output_log_probs.append(log_prob)
+        if top:
+            self.output_top_log_probs.append(top)
         self.finish_reason, drop = self._stop_reason()
         # end_id (as TensorRT-LLM) and a matched stop word end the sequence but are not part of the output.
         for _ in range(drop):
             self.token_ids.pop()
             if self.output_log_probs:
                 self.output_log_probs.pop()
+            if self.output_top_log_probs:
+                self.output_top_log_probs.pop()
         if self.finish_reason is not None:
             self.status = SeqStatus.FINISHED
 
-    def take_emittable(self) -> tuple[list[int], list[float]]:
+    def take_emittable(self) -> Emitted:
         """Output tokens (and their log-probs) not yet emitted that can be emitted now: while running, a tail
         that could be the start of a stop word is held back, so no client ever sees part of a stop word."""
         end = self.num_output_tokens
         if self.status is not SeqStatus.FINISHED:
             end -= self._stop_word_prefix_len()
-        tokens = self.output_ids[self.num_emitted : end]
-        log_probs = self.output_log_probs[self.num_emitted : end] if self.output_log_probs else []
+        start = self.num_emitted
         self.num_emitted = max(self.num_emitted, end)
-        return tokens, log_probs
+        return Emitted(self.output_ids[start:end], self.output_log_probs[start:end],
+                       self.output_top_log_probs[start:end])
 
     def _stop_word_prefix_len(self) -> int:
         out, longest = self.output_ids, 0

@@ -130,6 +130,9 @@ class TrtllmExecutorEngine:
                                       f"max_seq_len ({cfg.max_seq_len})")
         if request.request_id in self.by_request_id:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in flight")
+        if request.sampling.num_top_log_probs:
+            raise InvalidRequestError("num_top_log_probs is not supported by the TensorRT-LLM executor engine "
+                                      "(its executor returns the sampled tokens' log-probs only)")
 
     def add_request(self, request: Request) -> None:
         self.validate(request)

@@ -29,9 +29,12 @@ LLM_INPUTS = {
     "lora_weights": "lora_weights", "lora_config": "lora_config",
     "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
     "prompt_embedding_table": "prompt_embedding_table", "prompt_vocab_size": "prompt_vocab_size",
+    "num_top_log_probs": "num_top_log_probs",
 }
 # tensorrt_llm outputs only our models read: token ids and the streaming detokenizer's context, the request key.
 INTERNAL_OUTPUTS = ("output_ids", "sequence_length", "stream_context_ids", "stream_final", "request_key")
+# Client outputs made here from those, not asked of tensorrt_llm.
+DERIVED_OUTPUTS = ("text_output", "output_token_ids")
 # Inputs this engine does not implement: refused, naming them, when set.
 _REFUSED_IF_SET = ("embedding_bias_words", "embedding_bias_weights", "prompt_table_extra_id")
 
@@ -79,6 +82,6 @@ def _or_default(value: np.ndarray | None, batch: int, default: int) -> np.ndarra
 def client_outputs(post: Postprocessor, llm: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One tensorrt_llm response -> one client response (text_output 1-D, one entry per returned sequence)."""
     text = post.texts(llm["output_ids"], llm["sequence_length"], llm.get("stream_context_ids"), llm.get("stream_final"))
-    out = {"text_output": text}
+    out = {"text_output": text, "output_token_ids": post.token_ids(llm["output_ids"], llm["sequence_length"])}
     out.update({name: value for name, value in llm.items() if name not in INTERNAL_OUTPUTS})
     return out

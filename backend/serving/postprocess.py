@@ -55,3 +55,13 @@ class Postprocessor:
         if bad.size:
             raise InvalidRequestError(f"{name} holds token ids outside the tokenizer's vocabulary "
                                       f"[0, {self.vocab_size}): {bad[:5].tolist()}")
+
+    @staticmethod
+    def token_ids(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """(B, T) int32: beam 0's ids of each row (what `texts` decodes), padded with -1 past its length."""
+        B, width = tokens.shape[0], tokens.shape[-1]
+        out = np.full((B, width), -1, dtype=np.int32)
+        for b in range(B):
+            n = int(lengths[b].reshape(-1)[0])
+            out[b, :n] = tokens[b, 0, :n]
+        return out

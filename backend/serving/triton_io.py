@@ -14,6 +14,7 @@ import numpy as np
 
 from backend.engine.interface import RequestOutput
 from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import TopLogProbs
 from backend.errors import InvalidRequestError
 from backend.serving.detokenizer import CONTEXT_TOKENS
 
@@ -174,6 +175,7 @@ def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, defa
         stop_words=parse_word_list(inputs.get("stop_words_list"), row, "stop_words_list"),
         bad_words=parse_word_list(inputs.get("bad_words_list"), row, "bad_words_list"),
         return_log_probs=_scalar(inputs, "return_log_probs", row, bool, False),
+        num_top_log_probs=_scalar(inputs, "num_top_log_probs", row, int, 0),
     )
     return ParsedRow(
         prompt_ids=tuple(int(t) for t in ids[row, :length]),
@@ -197,6 +199,7 @@ class RowStream:
     emitted: list[int] = field(default_factory=list)  # output_ids already sent (the stream's detokenization context)
     pending: list[int] = field(default_factory=list)  # tokens not sent yet
     pending_log_probs: list[float] = field(default_factory=list)
+    pending_top: list[TopLogProbs] = field(default_factory=list)  # per pending token, with num_top_log_probs
     started: bool = False
 
     def __post_init__(self) -> None:
@@ -209,11 +212,12 @@ class RowStream:
         """Response tensors for this engine output, or None when nothing is to be sent yet."""
         self.pending.extend(out.new_token_ids)
         self.pending_log_probs.extend(out.new_log_probs)
+        self.pending_top.extend(out.new_top_log_probs)
         if not out.finished and (not self.row.streaming or not out.new_token_ids):
             return None
         tensors = self._tensors(out)
         self.emitted.extend(self.pending)
-        self.pending, self.pending_log_probs = [], []
+        self.pending, self.pending_log_probs, self.pending_top = [], [], []
         return tensors
 
     def _tensors(self, out: RequestOutput) -> dict[str, np.ndarray]:
@@ -234,6 +238,8 @@ class RowStream:
         if row.sampling.return_log_probs:
             tensors["cum_log_probs"] = np.array([[out.cum_log_prob or 0.0]], dtype=np.float32)
             tensors["output_log_probs"] = np.array(self.pending_log_probs, dtype=np.float32).reshape(1, 1, -1)
+        if row.sampling.num_top_log_probs:
+            tensors.update(top_log_prob_tensors(self.pending_top, row.sampling.num_top_log_probs))
         if row.return_perf_metrics and out.perf is not None:
             for name, value in dataclasses.asdict(out.perf).items():
                 dtype = np.int64 if name.endswith("_time_ns") else np.int32
@@ -247,3 +253,10 @@ class RowStream:
             # response's new tokens (a client sums them); not streamed: the total, with the prompt when it is there.
             tensors["num_output_tokens"] = np.array([[tokens.shape[-1]]], dtype=np.int32)
         return tensors
+
+
+def top_log_prob_tensors(top: list[TopLogProbs], k: int) -> dict[str, np.ndarray]:
+    """top_log_probs (1, tokens, k) FP32 and top_log_probs_ids (1, tokens, k) INT32, most likely first."""
+    ids = np.array([[t for t, _ in entry] for entry in top], dtype=np.int32).reshape(1, len(top), k)
+    lps = np.array([[lp for _, lp in entry] for entry in top], dtype=np.float32).reshape(1, len(top), k)
+    return {"top_log_probs": lps, "top_log_probs_ids": ids}

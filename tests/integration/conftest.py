@@ -1,4 +1,5 @@
-"""One real tritonserver per test session, serving the demo model's ensemble; HF transformers as the oracle."""
+"""One real serving stack per test session (tritonserver + the front: KServe v2 HTTP proxy and OpenAI API, as
+`make serve` runs them), serving the demo model's ensemble; HF transformers as the oracle."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ from ensembles import artifacts
 from ensembles.render import RepoSpec, render
 from ensembles.server import ServerOptions, TritonServer
 from ensembles.server import free_ports as _free_ports  # noqa: F401 (other test modules import it from here)
+from ensembles.stack import FrontOptions, ServingStack
 
 # Limits the server is rendered with; tests check the errors at these limits.
 MAX_INPUT_LEN = 512
@@ -41,19 +43,24 @@ def hf(demo):
 
 
 @pytest.fixture(scope="session")
-def server(demo, tmp_path_factory) -> TritonServer:
+def server(demo, tmp_path_factory) -> ServingStack:
+    """`http_url` is the front's public HTTP (Triton's own HTTP listens on loopback behind it), `grpc_url` Triton's
+    gRPC, `openai_url` the OpenAI API's base URL (http://host:port/v1)."""
     root = tmp_path_factory.mktemp("triton")
     spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=24,
                     max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN, max_num_tokens=1024,
                     cancellation_check_period_ms=20)
     repo = render(spec, root / "model_repository")
-    http, grpc, metrics = _free_ports(3)
-    srv = TritonServer(ServerOptions(repo, http, grpc, metrics), log_path=root / "tritonserver.log")
+    http, grpc, metrics, front_http, openai = _free_ports(5)
+    front = FrontOptions(http_port=front_http, openai_port=openai, tokenizer_dir=demo.tokenizer_dir)
+    srv = ServingStack(ServerOptions(repo, http, grpc, metrics), front, log_dir=root)
     srv.start(ready_timeout_s=300, models=ALL_MODELS)
     yield srv
     srv.stop()
     log = Path(root / "tritonserver.log").read_text(errors="replace")
     assert "Segmentation fault" not in log and "Traceback" not in log, log[-4000:]
+    front_log = Path(root / "front.log").read_text(errors="replace")
+    assert "Traceback" not in front_log, front_log[-4000:]
 
 
 @pytest.fixture(scope="session")

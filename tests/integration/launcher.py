@@ -56,7 +56,8 @@ class Launcher:
     extra_args: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None  # instead of `python -m ensembles serve --model-repository ...`
     proc: subprocess.Popen | None = None
-    ports: list[int] = field(default_factory=lambda: free_ports(4))  # http, grpc, metrics, health
+    # http (the front), grpc, metrics, health, Triton's own (loopback) http, openai
+    ports: list[int] = field(default_factory=lambda: free_ports(6))
     servers_seen: set[int] = field(default_factory=set)
 
     @property
@@ -68,11 +69,11 @@ class Launcher:
         return f"localhost:{self.ports[0]}"
 
     def start(self, ready_timeout_s: float = 300.0) -> "Launcher":
-        http, grpc, metrics, health = self.ports
+        http, grpc, metrics, health, triton_http, _openai = self.ports
         cmd = list(self.command) if self.command else [
             sys.executable, "-m", "ensembles", "serve", "--model-repository", str(self.repo), "--http-port",
             str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--health-port", str(health),
-            "--admin-key", "test-admin", *self.extra_args]
+            "--triton-http-port", str(triton_http), "--no-openai", "--admin-key", "test-admin", *self.extra_args]
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
         if not wait_for(lambda: self.triton_ready() == 200 or self.proc.poll() is not None, ready_timeout_s, 0.5) \
@@ -81,6 +82,7 @@ class Launcher:
         return self
 
     def triton_ready(self) -> int:
+        """Triton's /v2/health/ready through the front (503 from the front while tritonserver is down)."""
         return get_status(f"http://{self.http_url}/v2/health/ready")
 
     def health_ready(self) -> int:

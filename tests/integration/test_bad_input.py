@@ -22,8 +22,9 @@ HTTP_CASES = [
     ({"text_input": "def ", "max_tokens": 4, "top_p": 1.0001}, "top_p must be in (0, 1]"),
     ({"text_input": "def ", "max_tokens": 4, "temperature": -0.5}, "temperature must be >= 0"),
     ({"text_input": "def ", "max_tokens": 4, "beam_width": 4}, "beam_width must be 1"),
-    # A wrong JSON type ("max_tokens": "four") is refused by Triton's HTTP front end itself, with status 500;
-    # wrong dtypes are checked over gRPC below, where Triton reports them as INVALID_ARG.
+    # Wrong JSON types: Triton 2.51's HTTP parser answers 500; the front refuses them first (docs/front.md).
+    ({"text_input": "def ", "max_tokens": "four"}, "max_tokens must be an integer (INT32)"),
+    ({"text_input": "def ", "max_tokens": 4, "top_p": "high"}, "top_p must be a number (FP32)"),
 ]
 
 

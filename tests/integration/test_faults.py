@@ -115,9 +115,10 @@ def test_sigterm_via_make_serve_drains_then_exits_cleanly(launch, tmp_path):
     in-flight streams finish with their full answer, long ones end with the grace-period error, and the launcher
     exits 0 within the grace period + a few seconds with no model process left."""
     serve_args = f"--out {tmp_path / 'repo'} --shutdown-grace-s {GRACE_S:g} --max-batch-size 16 --admin-key k"
-    launcher = launch(command=lambda http, grpc, metrics, health: (
+    launcher = launch(command=lambda http, grpc, metrics, health, triton_http, openai: (
         "make", "-s", "-C", str(REPO_ROOT), "serve", f"HTTP_PORT={http}", f"GRPC_PORT={grpc}",
-        f"METRICS_PORT={metrics}", f"HEALTH_PORT={health}", f"SERVE_ARGS={serve_args}"))
+        f"METRICS_PORT={metrics}", f"HEALTH_PORT={health}", f"TRITON_HTTP_PORT={triton_http}",
+        f"OPENAI_PORT={openai}", f"SERVE_ARGS={serve_args}"))
     server, stubs = launcher.server(), launcher.stubs()
     short_args = ("import os\n", SHORT_TOKENS)
     forced = {"min_tokens": np.array([[SHORT_TOKENS]], dtype=np.int32)}

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = ("backend", "build_engines", "ensembles", "client", "perf", "tests")
-SOURCE_DIRS = ("backend", "build_engines", "ensembles", "client", "perf", "model_repository")
+OURS = ("backend", "build_engines", "ensembles", "client", "frontend", "perf", "tests")
+SOURCE_DIRS = ("backend", "build_engines", "ensembles", "client", "frontend", "perf", "model_repository")
 TRITON = ("triton_python_backend_utils", "tritonclient")
 
 
@@ -37,6 +37,8 @@ RULES = (
     Rule("build_engines", ("build_engines", "backend"), TRITON),
     Rule("ensembles", ("ensembles", "build_engines", "backend")),
     Rule("client", ("client",)),
+    # The HTTP front is a client of Triton: tenants' keys from policy, nothing of the engine (no torch).
+    Rule("frontend", ("frontend", "backend.policy", "backend.errors"), ("torch", "triton_python_backend_utils")),
     Rule("model_repository", ("backend",)),
     Rule("perf", OURS),
 )

@@ -13,7 +13,7 @@ from backend.serving.postprocess import Postprocessor
 # Optional inputs passed through unchanged as OUT_<name>, so that every ensemble output of one streamed step
 # arrives in one response.
 _PASS_THROUGH = (
-    "CUM_LOG_PROBS", "OUTPUT_LOG_PROBS", "CONTEXT_LOGITS", "GENERATION_LOGITS", "BATCH_INDEX", "SEQUENCE_INDEX",
+    "CUM_LOG_PROBS", "OUTPUT_LOG_PROBS", "TOP_LOG_PROBS", "TOP_LOG_PROBS_IDS", "CONTEXT_LOGITS", "GENERATION_LOGITS", "BATCH_INDEX", "SEQUENCE_INDEX",
     "NUM_INPUT_TOKENS", "NUM_OUTPUT_TOKENS", "KV_CACHE_ALLOC_NEW_BLOCKS", "KV_CACHE_REUSED_BLOCKS",
     "KV_CACHE_ALLOC_TOTAL_BLOCKS", "ARRIVAL_TIME_NS", "FIRST_SCHEDULED_TIME_NS", "FIRST_TOKEN_TIME_NS",
     "LAST_TOKEN_TIME_NS", "ACCEPTANCE_RATE", "TOTAL_ACCEPTED_DRAFT_TOKENS", "TOTAL_DRAFT_TOKENS", "SERVED_VERSION",
@@ -69,7 +69,8 @@ class TritonPythonModel:
             _input(request, "STREAM_CONTEXT_IDS"),
             _input(request, "STREAM_FINAL"),
         )
-        outputs = [pb_utils.Tensor("OUTPUT", text)]
+        tokens = Postprocessor.token_ids(_input(request, "TOKENS_BATCH"), _input(request, "SEQUENCE_LENGTH"))
+        outputs = [pb_utils.Tensor("OUTPUT", text), pb_utils.Tensor("OUT_TOKEN_IDS", tokens)]
         for name in _PASS_THROUGH:
             value = _input(request, name)
             if value is not None:

@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
 from backend.errors import InvalidRequestError
-from backend.serving.bls import INTERNAL_OUTPUTS, client_outputs, llm_inputs
+from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_outputs, llm_inputs
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
 from backend.serving.postprocess import Postprocessor
 from backend.serving.preprocess import Preprocessor
@@ -35,7 +35,8 @@ class TritonPythonModel:
         self.llm = params.text("tensorrt_llm_model_name", "tensorrt_llm")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.input_names = [i["name"] for i in config["input"]]
-        self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "text_output"] + list(INTERNAL_OUTPUTS)
+        self.llm_outputs = [o["name"] for o in config["output"] if o["name"] not in DERIVED_OUTPUTS]
+        self.llm_outputs += list(INTERNAL_OUTPUTS)
         # One BLS call or response send at a time: from several threads at once the 2.51 Python backend crashes
         # (see model_repository/router/1/model.py).
         self.ipc = threading.Lock()

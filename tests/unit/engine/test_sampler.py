@@ -167,3 +167,21 @@ def test_frequency_penalty_grows_with_the_count(make_seq):
 def test_sampling_params_validation(kwargs, message):
     with pytest.raises(InvalidRequestError, match=message):
         SamplingParams(**{"max_tokens": 4, **kwargs})
+
+
+def test_top_log_probs_come_from_the_unmodified_distribution(make_seq):
+    """num_top_log_probs: the k most likely tokens before temperature / penalties / masks, highest first."""
+    logits = logits_with({7: 5.0, 3: 4.0, 9: 3.0})
+    seq = make_seq("t", temperature=0.5, top_k=2, seed=1, repetition_penalty=1.5, num_top_log_probs=3)
+    result = sample(logits, [seq])[0]
+    expected = torch.log_softmax(logits[0], dim=-1)
+    assert [t for t, _ in result.top] == [7, 3, 9]
+    assert [lp for _, lp in result.top] == pytest.approx([float(expected[t]) for t in (7, 3, 9)])
+    assert result.log_prob is None  # return_log_probs was not asked
+    plain = make_seq("p")
+    assert sample(logits, [plain])[0].top == ()
+
+
+def test_num_top_log_probs_is_bounded():
+    with pytest.raises(InvalidRequestError, match="num_top_log_probs must be in"):
+        SamplingParams(max_tokens=1, num_top_log_probs=21)

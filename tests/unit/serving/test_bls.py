@@ -72,4 +72,5 @@ def test_outputs_keep_what_the_client_sees(tokenizer_dir, pre):
            "request_key": np.array([[1]], dtype=np.uint64), "num_output_tokens": np.array([[2]], dtype=np.int32)}
     out = client_outputs(Postprocessor(tokenizer_dir), llm)
     assert out["text_output"].tolist() == [b"import os"]
-    assert set(out) == {"text_output", "num_output_tokens"} and not set(out) & set(INTERNAL_OUTPUTS)
+    assert set(out) == {"text_output", "output_token_ids", "num_output_tokens"} and not set(out) & set(INTERNAL_OUTPUTS)
+    assert out["output_token_ids"].tolist() == [ids]

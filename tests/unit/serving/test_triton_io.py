@@ -243,3 +243,20 @@ def test_num_return_sequences_expands_rows_with_seeds_and_indices():
     rows = parse_request(inputs, default_exclude_input=True)
     assert [(r.batch_index, r.sequence_index, r.sampling.seed) for r in rows] == [(0, 0, 10), (0, 1, 11), (0, 2, 12)]
     assert all(r.prompt_ids == (5, 6, 7) for r in rows)
+
+
+def test_top_log_probs_are_sent_per_token_when_asked():
+    rs = stream(streaming=False, num_top_log_probs=2)
+    outs = [dataclasses.replace(o, new_top_log_probs=[((100 + i, -0.1), (5, -2.5))])
+            for i, o in enumerate(outputs([100, 101]))]
+    (final,) = responses(rs, outs)
+    assert final["top_log_probs_ids"].tolist() == [[[100, 5], [101, 5]]]
+    assert final["top_log_probs"].reshape(-1).tolist() == pytest.approx([-0.1, -2.5, -0.1, -2.5])
+    assert "top_log_probs" not in responses(stream(streaming=False), outputs([100]))[0]
+
+
+def test_num_top_log_probs_input_reaches_the_sampling_params():
+    (row,) = parse_request({"input_ids": np.array([[1, 2]], dtype=np.int32),
+                            "request_output_len": np.array([[4]], dtype=np.int32),
+                            "num_top_log_probs": np.array([[5]], dtype=np.int32)}, True)
+    assert row.sampling.num_top_log_probs == 5

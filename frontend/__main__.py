@@ -1,0 +1,5 @@
+import sys
+
+from frontend.cli import main
+
+sys.exit(main())
