@@ -9,6 +9,7 @@ Triton's own HTTP listens on loopback only: no request reaches its JSON parser w
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -66,7 +67,8 @@ class FrontProcess:
     def start(self) -> None:
         out = open(self.log, "ab") if self.log else None
         self.proc = subprocess.Popen(front_command(self.opts, self.triton), stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=_term_with_parent)
 
     def exited(self) -> int | None:
         """The exit code once it has exited (None while it runs or before start)."""
@@ -143,6 +145,15 @@ class ServingStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies (even by SIGKILL), so a killed
+    launcher or test leaves no front behind holding the public ports."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _status(url: str) -> int:

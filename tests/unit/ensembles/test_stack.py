@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from ensembles.cli import limits_file_of, tokenizer_dir_of
@@ -68,3 +69,22 @@ def test_a_dead_front_makes_the_launcher_unready(tmp_path):
     sup.state = "serving"
     assert sup.current() == ("restarting", "the front exited with code 7")
     shutil.rmtree(sup.control.path, ignore_errors=True)
+
+
+def test_the_front_ends_with_the_process_that_started_it(tmp_path):
+    """A launcher killed with SIGKILL leaves no front holding the public ports (prctl PDEATHSIG)."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from ensembles.stack import _term_with_parent\n"
+        "import subprocess\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=_term_with_parent)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    child = psutil.Process(child_pid)
+    child.wait(10)  # raises TimeoutExpired if it outlives its parent
+    assert not child.is_running()
