@@ -43,6 +43,9 @@ def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
 
 def request_headers(request: Request, extra: dict[str, str] | None = None) -> dict[str, str]:
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+    # httpx would otherwise ask Triton for gzip on the client's behalf, and the compressed body would be relayed
+    # to a client that never said it could read one.
+    headers.setdefault("accept-encoding", "identity")
     headers.update(extra or {})
     return headers
 

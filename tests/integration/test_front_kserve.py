@@ -167,3 +167,24 @@ def test_triton_http_listens_on_loopback_only(server):
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://{address}:{server.opts.http_port}/v2/health/ready", timeout=10)
     assert requests.get(f"http://{address}:{server.opts.metrics_port}/metrics", timeout=10).ok
+
+
+def test_a_response_is_compressed_only_when_the_client_asks(server):
+    """Triton compresses infer responses when asked; the front must not ask on behalf of a client that did not
+    (found: gzip bodies relayed to clients that never sent Accept-Encoding)."""
+    import http.client
+
+    path = "/v2/models/preprocessing/infer"
+    body = json.dumps({"inputs": [{"name": "QUERY", "shape": [1, 1], "datatype": "BYTES", "data": ["def f"]},
+                                  {"name": "REQUEST_OUTPUT_LEN", "shape": [1, 1], "datatype": "INT32", "data": [4]}]})
+    host, port = server.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.putrequest("POST", path, skip_accept_encoding=True)  # no Accept-Encoding at all, as curl sends
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body.encode())
+    resp = conn.getresponse()
+    assert resp.getheader("Content-Encoding") is None
+    assert "INPUT_ID" in {o["name"] for o in json.loads(resp.read())["outputs"]}
+    conn.close()
+    asked = requests.post(f"http://{server.http_url}{path}", data=body, headers={"Accept-Encoding": "gzip"}, timeout=60)
+    assert asked.headers.get("Content-Encoding") == "gzip" and "INPUT_ID" in {o["name"] for o in asked.json()["outputs"]}
