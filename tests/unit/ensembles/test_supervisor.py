@@ -3,6 +3,7 @@ process that dies is found (a zombie Triton never reaps) and the server restarte
 drains and stops with nothing left; the health endpoint follows. The real server: tests/integration/test_faults.py."""
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import socket
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 from backend.serving.lifecycle import ServerPhase
-from ensembles.health import HealthServer
+from ensembles.health import HealthServer, TritonWatch
 from ensembles.server import ServerOptions, TritonInstall, free_ports
 from ensembles.stub_watch import StubWatch
 from ensembles.supervisor import EXIT_FAILED, EXIT_OK, Supervisor, SupervisorOptions
@@ -144,3 +145,35 @@ def test_a_taken_health_port_is_refused_before_starting_anything(tmp_path):
                                 TritonInstall(binary=Path("/bin/false"), backend_dir=None))
         assert supervisor.run() == EXIT_FAILED
     assert "cannot be bound" in supervisor.reason and supervisor.proc is None
+
+
+def test_triton_watch_tolerates_a_slow_answer_but_not_a_refusal():
+    """A busy machine's slow health answer does not flap readiness; a server that is gone counts at once."""
+    delay = {"s": 0.0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            time.sleep(delay["s"])
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    watch = TritonWatch(f"127.0.0.1:{httpd.server_port}", period_s=0.05, timeout_s=0.2)
+    try:
+        assert wait_for(lambda: watch.ready, 5)
+        delay["s"] = 0.3  # one or two slow answers: still ready
+        time.sleep(0.5)
+        assert watch.ready
+        assert wait_for(lambda: not watch.ready, 5)  # three slow answers in a row: not ready
+        delay["s"] = 0.0
+        assert wait_for(lambda: watch.ready, 5)
+        httpd.shutdown()
+        httpd.server_close()
+        assert wait_for(lambda: not watch.ready, 1)  # refused: at once
+    finally:
+        watch.close()
