@@ -34,6 +34,7 @@ from ensembles.stub_watch import StubWatch
 
 EXIT_OK = 0
 EXIT_FAILED = 3  # tritonserver could not be started, or kept failing (restart budget spent)
+ACK_TIMEOUT_S = 2.0  # for the models to see "draining" before readiness turns false (they poll every 0.1 s)
 ABORT_SETTLE_S = 1.0  # after failing in-flight requests, before the kill: time for the errors to reach clients
 
 
@@ -198,6 +199,16 @@ class Supervisor:
             time.sleep(0.1)
         return left
 
+    def _wait_acknowledged(self, phase: str, timeout_s: float) -> bool:
+        """Until every live model process has seen `phase` (True) or timeout_s passed (False)."""
+        alive = self.watch.alive if self.watch else lambda _pid: False
+        deadline = time.monotonic() + timeout_s
+        while not self.control.acknowledged(phase, alive):
+            if time.monotonic() > deadline or self.proc is None or self.proc.poll() is not None:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _abort_inflight(self, reason: str) -> None:
         """Live models fail what they hold with UNAVAILABLE and `reason` (a dead model's requests cannot be)."""
         self.control.set_phase(ServerPhase("aborting", reason))
@@ -207,8 +218,10 @@ class Supervisor:
     def _shutdown(self) -> int:
         why = f"shutting down on {self.signals[0]}"
         grace = self.sup.shutdown_grace_s
-        self._set("draining", f"{why}: in-flight requests have {grace:g} s to finish")
+        # The models first, then readiness: once a probe sees "draining", no model admits a new request.
         self.control.set_phase(ServerPhase("draining", why))
+        self._wait_acknowledged("draining", ACK_TIMEOUT_S)
+        self._set("draining", f"{why}: in-flight requests have {grace:g} s to finish")
         left = self._wait_inflight(grace, second_signal_ends=True)
         if left:
             _say(f"{left} requests still in flight after the grace period: failing them")

@@ -61,21 +61,30 @@ class ControlDir:
         except (OSError, ValueError, KeyError, TypeError):
             return ServerPhase()
 
-    def report_inflight(self, model: str, count: int) -> None:
-        _write_atomic(self.path / f"inflight-{model}-{os.getpid()}.json", {"inflight": count})
+    def report_inflight(self, model: str, count: int, phase: str = "serving") -> None:
+        """This model process's rows in flight, and the phase it has seen (its acknowledgement)."""
+        _write_atomic(self.path / f"inflight-{model}-{os.getpid()}.json", {"inflight": count, "phase": phase})
 
-    def inflight(self, alive: Callable[[int], bool]) -> int:
-        """Rows in flight in the model processes that are still alive."""
-        total = 0
+    def _reports(self, alive: Callable[[int], bool]) -> list[dict]:
+        out = []
         for path in self.path.glob("inflight-*.json"):
             try:
                 pid = int(path.stem.rsplit("-", 1)[1])
-                count = int(json.loads(path.read_text())["inflight"])
+                report = json.loads(path.read_text())
+                count = int(report["inflight"])
             except (OSError, ValueError, KeyError, IndexError, TypeError):
                 continue
             if alive(pid):
-                total += count
-        return total
+                out.append({"inflight": count, "phase": str(report.get("phase", "serving"))})
+        return out
+
+    def inflight(self, alive: Callable[[int], bool]) -> int:
+        """Rows in flight in the model processes that are still alive."""
+        return sum(r["inflight"] for r in self._reports(alive))
+
+    def acknowledged(self, phase: str, alive: Callable[[int], bool]) -> bool:
+        """Every live model process has seen `phase` (so none admits a request the phase refuses)."""
+        return all(r["phase"] == phase for r in self._reports(alive))
 
     def clear_inflight(self) -> None:
         for path in self.path.glob("inflight-*.json"):
@@ -116,9 +125,9 @@ class PhaseWatcher:
                 self.on_abort(phase.reason)
             self.current = phase
             count = self.inflight()
-            if count != reported:
-                self.control.report_inflight(self.model, count)
-                reported = count
+            if (count, phase.phase) != reported:
+                self.control.report_inflight(self.model, count, phase.phase)
+                reported = (count, phase.phase)
 
     def close(self) -> None:
         self._stop.set()

@@ -99,7 +99,8 @@ def test_sigterm_drains_in_flight_then_stops(fake):
     started = time.monotonic()
     supervisor.on_signal(signal.SIGTERM)
     assert wait_for(lambda: supervisor.control.phase().phase == "draining", 5)
-    assert get_status(f"http://localhost:{supervisor.sup.health_port}/v2/health/ready") == 503
+    supervisor.control.report_inflight("tensorrt_llm", 2, "draining")  # the model has seen it: refuses from now on
+    assert wait_for(lambda: get_status(f"http://localhost:{supervisor.sup.health_port}/v2/health/ready") == 503, 1)
     assert wait_for(lambda: "rc" in result, 30) and result["rc"] == EXIT_OK
     assert time.monotonic() - started >= 0.5  # the grace period was waited out (the count never dropped)
     assert not alive(server) and not any(alive(s) for s in stubs)

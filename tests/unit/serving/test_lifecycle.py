@@ -45,8 +45,11 @@ def test_watcher_refuses_when_draining_and_aborts_once(tmp_path):
     try:
         assert watcher.current.admitting
         assert _until(lambda: control.inflight(lambda pid: True) == 2)
+        assert control.acknowledged("serving", lambda pid: True)
         control.set_phase(ServerPhase("draining", "shutting down on SIGTERM"))
-        assert _until(lambda: not watcher.current.admitting)
+        # The acknowledgement is written only after the watcher refuses: the launcher turns readiness false then.
+        assert _until(lambda: control.acknowledged("draining", lambda pid: True))
+        assert not watcher.current.admitting
         assert "not admitting new requests: shutting down on SIGTERM" in watcher.refusal()
         control.set_phase(ServerPhase("aborting", "the grace period ended"))
         count[0] = 0
