@@ -23,6 +23,7 @@ from backend.policy.canary_router import (
     routing_key,
 )
 from backend.serving.parameters import ModelParameters, RouterConfig
+from backend.serving.request_copy import copy_request
 from backend.serving.router_forwarding import Forwarding, KeyTracker, Outcome
 from backend.serving.router_metrics import RouterMetrics, StreamTiming
 
@@ -58,13 +59,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            # Copy everything out of the request now: its tensors' memory is released once execute returns.
-            arrays = {}
-            for name in self.input_names:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    arrays[name] = np.array(tensor.as_numpy(), copy=True)
-            params = json.loads(request.parameters() or "{}")
+            arrays, params = copy_request(pb_utils, request, self.input_names)
             thread = threading.Thread(target=self._serve, args=(request.get_response_sender(), arrays, params),
                                       daemon=True)
             with self.lock:

@@ -16,6 +16,7 @@ from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_output
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
 from backend.serving.postprocess import Postprocessor
 from backend.serving.preprocess import Preprocessor
+from backend.serving.request_copy import copy_request
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -45,13 +46,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            # Copies: the request's tensors are released once execute returns.
-            arrays = {}
-            for name in self.input_names:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    arrays[name] = np.array(tensor.as_numpy(), copy=True)
-            params = json.loads(request.parameters() or "{}")  # credentials and tenant, for tensorrt_llm
+            arrays, params = copy_request(pb_utils, request, self.input_names)
             thread = threading.Thread(target=self._serve, args=(request.get_response_sender(), arrays, params),
                                       daemon=True)
             with self.lock:
