@@ -100,7 +100,7 @@ class Supervisor:
         try:
             if self.sup.health_port is not None:
                 health = HealthServer(self.sup.health_host, self.sup.health_port, self.current,
-                                      f"127.0.0.1:{self.opts.http_port}")
+                                      f"127.0.0.1:{self.opts.http_port}", log=_say)
         except OSError as exc:
             self._set("failed", f"the health port {self.sup.health_port} cannot be bound ({exc}): --health-port")
             shutil.rmtree(self.control.path, ignore_errors=True)

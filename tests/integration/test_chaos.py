@@ -126,7 +126,8 @@ def test_chaos(launcher):
     # Readiness was honest: ready while serving, not ready from shortly after the kill until the new server
     # served, and from shortly after SIGTERM on.
     unready = [s for s in probe.between(began, phase1) if s[2] != 200]
-    assert not unready, f"the launcher was not ready while serving: {unready}"  # (time, Triton, launcher)
+    changes = [line for line in launcher.log_path.read_text().splitlines() if "tritonllm:" in line]
+    assert not unready, f"the launcher was not ready while serving: {unready} (time, Triton, launcher); {changes}"
     assert not [s for s in probe.between(killed + 2.0, back - 0.5) if s[2] == 200]
     assert not [s for s in probe.between(termed + 1.0, exited) if s[2] == 200]
     print(f"chaos: phase 1 {phase1 - began:.1f} s, restart {back - killed:.1f} s, exit {exited - termed:.1f} s "
