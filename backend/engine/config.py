@@ -29,6 +29,9 @@ class EngineConfig:
     enable_kv_cache_reuse: bool = True  # prefix caching: reuse the KV blocks of a shared prompt prefix
     device: str = "auto"  # "cpu", "cuda", "cuda:N", or "auto": CUDA when torch sees a GPU
     num_threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
+    # A waiting request gains one priority level per this many seconds waited; None: strict priority (the served
+    # path takes it from the limits file's [global] priority_aging_s, backend/policy/tenants.py).
+    priority_aging_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -52,6 +55,8 @@ class EngineConfig:
                 f"max_tokens_in_paged_kv_cache ({self.kv_cache_tokens}) must hold at least one full sequence "
                 f"(max_seq_len {self.max_seq_len})"
             )
+        if self.priority_aging_s is not None and not 0.0 < self.priority_aging_s < float("inf"):
+            raise ValueError(f"priority_aging_s must be a positive number of seconds, got {self.priority_aging_s}")
         object.__setattr__(self, "policy", SchedulerPolicy(self.policy))
         if self.device == "auto":
             import torch

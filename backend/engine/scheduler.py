@@ -10,12 +10,19 @@ KV policies (the anchor's batch_scheduler_policy):
 - max_utilization: admit when the next chunk fits; when a running sequence needs a block and none is free, the
   most recently admitted sequence is preempted (its blocks freed, its tokens recomputed later, none lost).
 
+Priorities (tenant tiers): waiting requests are admitted by priority level, FCFS within a level. With
+priority_aging_s set, a waiting request gains one level per priority_aging_s seconds it has waited, so a lower
+tier is served late under a higher tier's overload, never starved (measured: the strict order left batch-tier
+streams without a first token for 300 s in a 10-minute soak, perf/SOAK.md). Preempted sequences go first.
+
 A running sequence whose rope regime changed since its K/V were computed (longrope crossing its original length,
 rope_regime.py) drops them and is prefilled again, as a whole, in the new regime (its cached prefix reused).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Callable
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.config import EngineConfig, SchedulerPolicy
@@ -24,9 +31,10 @@ from backend.engine.sequence import SeqStatus, Sequence
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, blocks: BlockManager, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.config = config
         self.blocks = blocks
+        self.clock_ns = clock_ns  # the clock of Request.arrival_time_ns
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.num_preempted = 0
@@ -68,6 +76,7 @@ class Scheduler:
             batch.append(self._take(seq, n))
             budget -= n
         preempted = self.num_preempted != preempted_before
+        self._age_waiting()
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             n = self._admit(self.waiting[0], budget)
             if n == 0:
@@ -80,6 +89,21 @@ class Scheduler:
             budget -= n
         # A sequence preempted after it was scheduled this step sits out the step (KV pressure: no admissions).
         return SchedulerOutput([item for item in batch if item.seq.status is SeqStatus.RUNNING])
+
+    def _age_waiting(self) -> None:
+        """Reorder the queue by aged priority (level + whole priority_aging_s periods waited), then arrival;
+        preempted sequences (already started once) stay first. Stable: strict order is kept without aging."""
+        aging_s = self.config.priority_aging_s
+        if aging_s is None or len(self.waiting) < 2:
+            return
+        now, period_ns = self.clock_ns(), aging_s * 1e9
+
+        def key(seq: Sequence) -> tuple[bool, float, int]:
+            waited = max(0, now - seq.request.arrival_time_ns)
+            return (not seq.num_preemptions, -(seq.request.priority + waited // period_ns),
+                    seq.request.arrival_time_ns)
+
+        self.waiting = deque(sorted(self.waiting, key=key))
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Tokens of seq to process now if it can be admitted (its cached prefix taken), else 0."""
@@ -115,6 +139,7 @@ class Scheduler:
         self._release(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
+        seq.num_preemptions += 1
         self.num_preempted += 1
 
     def _release(self, seq: Sequence) -> None:

@@ -58,6 +58,7 @@ class Sequence:
     reused_blocks: int = 0  # blocks taken from the prefix cache at admission
     new_blocks: int = 0  # blocks allocated fresh
     first_scheduled_time_ns: int = 0
+    num_preemptions: int = 0  # times its KV was freed to make room (it waits first in line then)
     first_token_time_ns: int = 0
     last_token_time_ns: int = 0
     status: SeqStatus = SeqStatus.WAITING

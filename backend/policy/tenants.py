@@ -11,6 +11,7 @@ Example (TOML; the YAML form has the same keys):
     max_queued_requests = 64      # admitted, first token not produced yet, all tenants
     max_queued_tokens = 65536     # prompt + max_tokens of those requests
     salt_prefix_cache = false     # default for tenants that do not say
+    priority_aging_s = 10         # a waiting request gains a priority level per 10 s waited (0: strict)
 
     [tiers.premium]
     priority = 2
@@ -126,6 +127,9 @@ class LimitsConfig:
     max_queued_requests: int | None = None  # None: no global cap
     max_queued_tokens: int | None = None
     salt_prefix_cache: bool = False
+    # A waiting request gains one priority level per this many seconds (the engine scheduler's aging): under a
+    # higher tier's overload a lower tier waits longer, never forever. 0: strict priority.
+    priority_aging_s: float = 10.0
     tiers: Mapping[str, Tier] = field(default_factory=lambda: dict(BUILTIN_TIERS))
     tenants: Mapping[str, TenantLimits] = field(default_factory=dict)
     credentials: Credentials = field(default_factory=Credentials)  # API keys, trusted front (api_keys.py)
@@ -135,10 +139,19 @@ class LimitsConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"global {name} must be >= 1, got {value}")
+        aging = self.priority_aging_s
+        if isinstance(aging, bool) or not isinstance(aging, (int, float)) or not 0 <= aging < math.inf:
+            raise ValueError(f"global priority_aging_s must be a number of seconds >= 0 (0: strict priority), "
+                             f"got {aging!r}")
         if DEFAULT_TENANT not in self.tenants:
             tenants = dict(self.tenants)
             tenants[DEFAULT_TENANT] = _merge(DEFAULT_TENANT, self.tiers["standard"], {}, self.salt_prefix_cache)
             object.__setattr__(self, "tenants", tenants)
+
+    @property
+    def engine_priority_aging_s(self) -> float | None:
+        """EngineConfig.priority_aging_s: None for strict priority."""
+        return float(self.priority_aging_s) or None
 
     def for_tenant(self, tenant_id: str | None) -> TenantLimits:
         """Limits of a request's tenant: unknown and missing ids get the default tenant's."""
@@ -165,7 +178,7 @@ def limits_from_dict(data: Mapping[str, Any]) -> LimitsConfig:
     _check_keys("top level", data, ("global", "tiers", "tenants"))
     glob = data.get("global", {})
     _check_keys("global", glob, ("max_queued_requests", "max_queued_tokens", "salt_prefix_cache",
-                                 "trusted_front_key_sha256", "allow_anonymous"))
+                                 "priority_aging_s", "trusted_front_key_sha256", "allow_anonymous"))
     tiers = dict(BUILTIN_TIERS)
     for name, values in (data.get("tiers") or {}).items():
         _check_keys(f"tiers.{name}", values, _LIMIT_KEYS + ("priority",))
@@ -183,6 +196,7 @@ def limits_from_dict(data: Mapping[str, Any]) -> LimitsConfig:
         tenants[name] = _merge(name, tiers[tier_name], values, salt)
     return LimitsConfig(max_queued_requests=glob.get("max_queued_requests"),
                         max_queued_tokens=glob.get("max_queued_tokens"), salt_prefix_cache=salt,
+                        priority_aging_s=glob.get("priority_aging_s", LimitsConfig.priority_aging_s),
                         tiers=tiers, tenants=tenants, credentials=credentials_from_dict(glob, tenant_tables))
 
 

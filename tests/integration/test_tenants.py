@@ -9,6 +9,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,10 @@ MAX_PROMPT_BYTES = 4096
 LIMITS = """
 [global]
 max_queued_requests = 64
+priority_aging_s = 4          # test_aging_...: a standard request overtakes a premium flood within seconds
+
+[tiers.top]                   # far above the others: aging never reorders it within a test
+priority = 50
 
 [tenants.bursty]              # 3 requests at once, then one every 10 s
 requests_per_s = 0.1
@@ -45,7 +50,12 @@ tier = "batch"
 max_concurrent = 4
 
 [tenants.light]
+tier = "top"
+
+[tenants.flood]
 tier = "premium"
+
+[tenants.late]
 
 [tenants.salted-a]
 salt_prefix_cache = true
@@ -61,7 +71,7 @@ request_burst = 2
 """
 # Light tenant's time to first token while the heavy one saturates its share: the bound we state.
 LIGHT_TTFT_BOUND_S = 1.0  # measured here: median 0.04 s, max 0.05 s (idle: 0.014 s)
-TENANTS = ("bursty", "other", "heavy", "light", "salted-a", "salted-b", "locust-ok", "locust-over")
+TENANTS = ("bursty", "other", "heavy", "light", "flood", "late", "salted-a", "salted-b", "locust-ok", "locust-over")
 KEYS = {tenant: new_key() for tenant in TENANTS}
 
 
@@ -148,7 +158,7 @@ def test_admission_metrics_per_tenant_and_reason(tserver):
 
 
 def test_heavy_tenant_cannot_starve_a_light_one(tserver):
-    """The heavy (batch tier, max_concurrent 4) tenant floods with long generations; the light (premium) tenant's
+    """The heavy (batch tier, max_concurrent 4) tenant floods with long generations; the light (top-tier) tenant's
     time to first token stays under LIGHT_TTFT_BOUND_S, and the heavy tenant's excess is refused, not queued."""
     idle = [generate(tserver.grpc_url, f"def light_idle_{i}(", 8, tenant="light", stream=True).ttft_s
             for i in range(3)]
@@ -173,7 +183,8 @@ def test_heavy_tenant_cannot_starve_a_light_one(tserver):
 
 def test_queued_premium_request_is_scheduled_before_queued_batch_ones(tserver):
     """The running batch (8) is full of standard-tier generations that end one after another; two batch-tier
-    requests and then a premium one queue behind them: the premium one is scheduled first."""
+    requests and then a top-tier one (priority 50: aging at 4 s a level cannot reorder it) queue behind them: the
+    top-tier one is scheduled first."""
     first_scheduled = ("first_scheduled_time_ns",)
     perf = {"return_perf_metrics": np.array([[True]])}
     with ThreadPoolExecutor(12) as pool:
@@ -194,6 +205,39 @@ def test_queued_premium_request_is_scheduled_before_queued_batch_ones(tserver):
     assert premium.ok and all(o.ok for o in batch), [premium.error] + [o.error for o in batch]
     scheduled = [int(o.outputs["first_scheduled_time_ns"].reshape(-1)[0]) for o in [premium] + batch]
     assert scheduled[0] < min(scheduled[1:]), scheduled
+
+
+def test_aging_serves_a_lower_tier_while_a_higher_tier_floods(tserver):
+    """The soak's starvation (perf/SOAK.md): 20 premium loops keep the batch (8) full and premium requests queued.
+    Strict priority would schedule the standard-tier request only after the flood; with priority_aging_s = 4 it is
+    scheduled while the flood goes on, ahead of premium requests that arrived before it was scheduled."""
+    perf = {"return_perf_metrics": np.array([[True]])}
+    times = ("arrival_time_ns", "first_scheduled_time_ns")
+    done, flood = threading.Event(), []
+
+    def loop(i: int) -> None:
+        deadline = time.monotonic() + 120
+        while not done.is_set() and time.monotonic() < deadline:
+            out = generate(tserver.grpc_url, f"def flood_{i}(x):\n", 48, tenant="flood", outputs=times,
+                           min_tokens=np.array([[48]], dtype=np.int32), **perf)
+            assert out.ok, out.error
+            flood.append([int(out.outputs[n].reshape(-1)[0]) for n in times])
+
+    with ThreadPoolExecutor(20) as pool:
+        loops = [pool.submit(loop, i) for i in range(20)]
+        waiting = metrics.wait_until(tserver.opts.metrics_port, "nv_trt_llm_request_metrics", lambda v: v >= 6,
+                                     request_type="waiting")
+        assert waiting is not None and waiting >= 6, waiting
+        late = generate(tserver.grpc_url, "def late(", 4, tenant="late", outputs=times, **perf)
+        done.set()
+        for f in loops:
+            f.result()
+    assert late.ok, late.error
+    late_scheduled = int(late.outputs["first_scheduled_time_ns"].reshape(-1)[0])
+    overtaken = [a for a, scheduled in flood if a < late_scheduled < scheduled]
+    waited_s = (late_scheduled - int(late.outputs["arrival_time_ns"].reshape(-1)[0])) / 1e9
+    print(f"aging: the standard request waited {waited_s:.1f} s; {len(overtaken)} earlier premium ones after it")
+    assert overtaken, ("no premium request that arrived before the standard one was scheduled after it", waited_s)
 
 
 def test_deadline_ends_the_request_and_frees_its_blocks(tserver):

@@ -5,6 +5,7 @@ Decoupled (`decoupled_mode` true) it streams; otherwise it sends exactly one res
 inference; backend/serving/response_group.py). The engine, its scheduler and the tensor contract live in backend/
 (unit-tested without Triton).
 """
+import dataclasses
 import json
 import secrets
 from pathlib import Path
@@ -101,11 +102,12 @@ class TritonPythonModel:
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
         # A trtllm-build engine dir (rank*.engine) runs on TensorRT-LLM's executor; a checkpoint on our engine.
         engine_cls = TrtllmExecutorEngine if is_engine_dir(engine_dir) else LLMEngine
-        self.engine = engine_cls(engine_dir, self.serving.engine)
-        name, version = args["model_name"], args["model_version"]
-        self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenancy = self.serving.tenancy
         self.admission = AdmissionController(load_limits(self.tenancy.limits_file))
+        aging_s = self.admission.limits.engine_priority_aging_s  # tiers' priorities age (no starvation)
+        self.engine = engine_cls(engine_dir, dataclasses.replace(self.serving.engine, priority_aging_s=aging_s))
+        name, version = args["model_name"], args["model_version"]
+        self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
                                else NoMetrics())
         self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self._publish)

@@ -149,3 +149,60 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival():
     for rid, priority in order:
         sched.add(Sequence.from_request(Request(rid, (1, 2, 3), SamplingParams(max_tokens=1), priority=priority)))
     assert [s.request_id for s in sched.waiting] == ["high-1", "high-2", "mid", "low-1", "low-2"]
+
+
+def test_priority_aging_serves_a_lower_tier_under_a_higher_tiers_overload():
+    """The soak's starvation (perf/SOAK.md): a premium tier that keeps the one slot busy. Strict priority never
+    admits the batch request; with aging it gains a level per period waited and is admitted once its aged level
+    reaches premium's, ahead of premium requests that arrived after it."""
+    clock = {"ns": 0}
+
+    def run(aging_s):
+        config = EngineConfig(max_batch_size=1, max_num_tokens=16, max_input_len=32, max_seq_len=64,
+                              tokens_per_block=4, priority_aging_s=aging_s)
+        sched = Scheduler(config, BlockManager(config.kv_cache_tokens // config.tokens_per_block, 4),
+                          clock_ns=lambda: clock["ns"])
+        clock["ns"] = 0
+
+        def add(rid, priority):
+            request = Request(rid, (1, 2, 3), SamplingParams(max_tokens=1), arrival_time_ns=clock["ns"],
+                              priority=priority)
+            sched.add(Sequence.from_request(request))
+
+        add("batch", 0)
+        served = []
+        for i in range(12):  # one premium request arrives every second; each step serves one request
+            clock["ns"] = i * 10**9
+            add(f"premium-{i}", 2)
+            served += [rid for rid, _ in ids(step(sched))]
+        return served
+
+    assert "batch" not in run(None)
+    served = run(5.0)
+    # At 10 s the batch request (waiting since 0) has aged by two levels to premium's, and arrived first.
+    assert served.index("batch") == 10 and served[:10] == [f"premium-{i}" for i in range(10)], served
+
+
+def test_preempted_sequences_stay_first_with_aging(make_seq):
+    clock = {"ns": 0}
+    config = EngineConfig(max_batch_size=4, max_num_tokens=16, max_input_len=32, max_seq_len=64, tokens_per_block=4,
+                          priority_aging_s=1.0)
+    sched = Scheduler(config, BlockManager(config.kv_cache_tokens // 4, 4), clock_ns=lambda: clock["ns"])
+    old = Sequence.from_request(Request("old", (1, 2, 3), SamplingParams(max_tokens=4), arrival_time_ns=0,
+                                        priority=9))
+    back = Sequence.from_request(Request("back", (1, 2, 3), SamplingParams(max_tokens=4), arrival_time_ns=5 * 10**9))
+    back.num_preemptions = 1
+    sched.waiting.extend([old, back])
+    clock["ns"] = 100 * 10**9
+    sched._age_waiting()
+    assert [s.request_id for s in sched.waiting] == ["back", "old"]
+
+
+def test_priority_aging_must_be_positive():
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        try:
+            EngineConfig(priority_aging_s=bad)
+        except ValueError as exc:
+            assert "priority_aging_s" in str(exc)
+        else:
+            raise AssertionError(f"accepted priority_aging_s={bad}")

@@ -57,6 +57,10 @@ def test_unknown_and_missing_tenants_share_the_default():
     ({"tenants": {"a": {"max_concurrent": 0}}}, "max_concurrent must be >= 1"),
     ({"tiers": {"x": {"queue_share": 2}}}, "queue_share must be in (0, 1]"),
     ({"global": {"max_queued_requests": 0}}, "max_queued_requests must be >= 1"),
+    ({"global": {"priority_aging_s": -1}}, "priority_aging_s must be a number of seconds >= 0"),
+    ({"global": {"priority_aging_s": "10"}}, "priority_aging_s must be a number of seconds >= 0"),
+    ({"global": {"priority_aging_s": float("inf")}}, "priority_aging_s must be a number of seconds >= 0"),
+    ({"global": {"priority_aging_s": float("nan")}}, "priority_aging_s must be a number of seconds >= 0"),
     ({"tenants": {"bad id!": {}}}, "tenant id"),
     ({"nonsense": {}}, "unknown keys ['nonsense']"),
 ])
@@ -89,3 +93,10 @@ def test_the_documented_example_file_loads():
     assert config.for_tenant("acme").cache_salt == "tenant:acme" and config.for_tenant("acme").priority == 2
     assert config.for_tenant("nightly-evals").limits.max_concurrent == 4
     assert config.for_tenant("someone-else").limits.requests_per_s == 2
+    assert config.engine_priority_aging_s == 10.0
+
+
+def test_priority_aging_reaches_the_engine_as_seconds_or_strict():
+    assert limits_from_dict({}).engine_priority_aging_s == 10.0  # default: no starvation without a limits file
+    assert limits_from_dict({"global": {"priority_aging_s": 2.5}}).engine_priority_aging_s == 2.5
+    assert limits_from_dict({"global": {"priority_aging_s": 0}}).engine_priority_aging_s is None
