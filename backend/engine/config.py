@@ -5,6 +5,8 @@ from dataclasses import MISSING, dataclass, fields
 from enum import Enum
 from typing import Any
 
+LINEAR_KERNELS = ("auto", "torch", "onednn")  # backend/model/prepacked_linear.py
+
 
 class SchedulerPolicy(str, Enum):
     # Admit a request only when the KV blocks for its whole prompt + max_tokens are free: it can always finish.
@@ -32,6 +34,9 @@ class EngineConfig:
     # A waiting request gains one priority level per this many seconds waited; None: strict priority (the served
     # path takes it from the limits file's [global] priority_aging_s, backend/policy/tenants.py).
     priority_aging_s: float | None = None
+    # Float linears' kernel (backend/model/prepacked_linear.py): "onednn" (weights prepacked once; CPU, float32 or
+    # native-bf16 CPUs), "torch" (F.linear: MKL on CPU), "auto" (onednn where it can run, else torch).
+    linear_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -57,11 +62,28 @@ class EngineConfig:
             )
         if self.priority_aging_s is not None and not 0.0 < self.priority_aging_s < float("inf"):
             raise ValueError(f"priority_aging_s must be a positive number of seconds, got {self.priority_aging_s}")
+        if self.num_threads is not None and self.num_threads <= 0:
+            raise ValueError(f"num_threads must be > 0 (or None for torch's default), got {self.num_threads}")
         object.__setattr__(self, "policy", SchedulerPolicy(self.policy))
         if self.device == "auto":
             import torch
 
             object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
+        self._check_linear_kernel()
+
+    def _check_linear_kernel(self) -> None:
+        """The model runner checks the weights' dtype too (backend/model/prepacked_linear.py); here what the
+        config alone decides."""
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
+        if self.linear_kernel != "onednn":
+            return
+        import torch
+
+        if not self.device.startswith("cpu"):
+            raise ValueError(f"linear_kernel 'onednn' runs on CPU only, not on device {self.device!r}")
+        if not torch.backends.mkldnn.is_available():
+            raise ValueError(f"linear_kernel 'onednn' is unavailable: torch {torch.__version__} has no oneDNN")
 
     @property
     def kv_cache_tokens(self) -> int:

@@ -49,8 +49,11 @@ class LLMEngine:
                                    window=kv_window(cfg), max_chunk_tokens=config.max_num_tokens,
                                    regime=rope_regime(cfg))
         num_blocks, block_size = self.blocks.num_blocks, self.blocks.block_size
-        self.runner = (ModelRunner(model, num_blocks, block_size, self.device) if model is not None
-                       else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
+        if model is None and config.linear_kernel == "onednn":
+            raise ValueError("linear_kernel 'onednn' is not implemented for a sharded checkpoint (tensor or pipeline "
+                             "parallel ranks run torch's linears): use 'auto' or 'torch'")
+        self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel)
+                       if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)
         self.sequences: dict[str, Sequence] = {}

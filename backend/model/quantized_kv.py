@@ -1,8 +1,8 @@
 """The paged KV pools a runner allocates per layer: float tensors, or FP8 pools when the checkpoint's KV cache is
 FP8 (its attentions then hold kv_cache_scaling_factor, see backend/model/quantized_linear.py).
 
-An Fp8KVPool indexes like the float pool Attention writes and reads (pool[slots] = kv; pool[slots_2d]), so the
-model code is the same for both: writes store kv / scale as float8_e4m3fn (saturated at +-448), reads return
+An Fp8KVPool indexes like the float pool Attention writes and reads (pool[slots] = kv; pool.index_select(0,
+slots)), so the model code is the same for both: writes store kv / scale as float8_e4m3fn (saturated at +-448), reads return
 the stored values times scale in the activations' dtype. One scale per layer serves K and V alike (TRT-LLM's
 kv_cache_scaling_factor)."""
 from __future__ import annotations
@@ -24,6 +24,13 @@ class Fp8KVPool:
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         return from_fp8(self.data[index], self.scale, self.dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        return from_fp8(self.data.index_select(dim, index), self.scale, self.dtype)
 
 
 def kv_pools(layers: nn.ModuleList, shape: tuple[int, ...], dtype: torch.dtype,

@@ -6,6 +6,7 @@ import torch
 from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
 from backend.model.decoder import AttentionMetadata
+from backend.model.prepacked_linear import prepack_linears, resolve_linear_kernel
 from backend.model.quantized_kv import kv_pools
 from backend.model.step_inputs import StepInputs, step_tensors
 
@@ -27,8 +28,12 @@ class KVCache:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
-        self.model = model
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
+                 linear_kernel: str = "torch") -> None:
+        """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); the chosen one is kept
+        in self.linear_kernel."""
+        self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
+        self.model = prepack_linears(model) if self.linear_kernel == "onednn" else model
         self.device = device
         self.kv = KVCache(model, num_blocks, block_size, device)
 

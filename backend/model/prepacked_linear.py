@@ -1,0 +1,76 @@
+"""Float linears on oneDNN with weights reordered once into its blocked layout (what vLLM-CPU and inductor's CPU
+freezing do), instead of MKL GEMMs on the plain row-major weights every step.
+
+A kernel choice, not a format: the same float32 weights, the same products (results differ from MKL's by float
+summation order only). Measured on the 2-core AMD EPYC (AVX2 + FMA) with torch 2.13, one thread, the four linears
+of a 768-wide layer plus an 8192-row lm_head: batch 16 rows 18.6 ms with MKL, 11.7 ms with oneDNN; batch 1 3.97 ->
+3.56 ms (perf/REPORT.md, issue 16). Applied after loading, to plain nn.Linear modules only (quantized linears keep
+their own kernels); the replaced modules keep no plain copy of the weight.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+LINEAR_KERNELS = ("auto", "torch", "onednn")
+
+
+def onednn_unavailable(device: torch.device | str, dtype: torch.dtype | None = None) -> str | None:
+    """Why oneDNN prepacked linears cannot run here (None: they can)."""
+    if torch.device(device).type != "cpu":
+        return f"oneDNN prepacked linears run on CPU only, not on {device}"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return f"this torch build ({torch.__version__}) has no oneDNN (mkldnn) linear kernels"
+    if dtype is not None and dtype != torch.float32:
+        if dtype != torch.bfloat16 or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return f"oneDNN prepacked linears are used for float32 here (and bfloat16 on CPUs with native bf16), not {dtype}"
+    return None
+
+
+def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """"auto" -> "onednn" where it can run, else "torch"; an explicit "onednn" that cannot run raises ValueError."""
+    if kernel not in LINEAR_KERNELS:
+        raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {kernel!r}")
+    reason = onednn_unavailable(device, dtype)
+    if kernel == "onednn" and reason is not None:
+        raise ValueError(f"linear_kernel 'onednn' is unavailable: {reason}")
+    if kernel == "auto":
+        # bf16 on CPUs without native bf16 arithmetic is slow with any kernel; float32 is the fast dtype there.
+        return "torch" if reason is not None or dtype != torch.float32 else "onednn"
+    return kernel
+
+
+class PrepackedLinear(nn.Module):
+    """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight_bytes = weight.numel() * weight.element_size()
+        # batch_size is a layout hint; the packed weight serves any number of rows (decode and prefill alike).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 16)
+        self.bias = None if bias is None else bias.detach().clone()
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> PrepackedLinear:
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def prepack_linears(model: nn.Module) -> nn.Module:
+    """Swap every plain float nn.Linear under `model` (and each MLP's fused fc/gate weight) for a PrepackedLinear."""
+    with torch.inference_mode():
+        for parent in list(model.modules()):
+            fused = getattr(parent, "fc_gate", None)
+            unused = ("fc", "gate") if isinstance(fused, torch.Tensor) else ()  # the fused weight replaces them
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear and child.weight.is_floating_point() and name not in unused:
+                    setattr(parent, name, PrepackedLinear.of(child))
+            if unused:
+                parent.fc_gate = PrepackedLinear(fused, None)
+    return model
