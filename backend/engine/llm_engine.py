@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,6 +35,8 @@ class LLMEngine:
     def __init__(self, ckpt_dir: Path, config: EngineConfig) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        log.info("%d torch threads, OMP_WAIT_POLICY=%s (backend/__init__.py)", torch.get_num_threads(),
+                 os.environ.get("OMP_WAIT_POLICY"))
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = cfg = load_model_config(ckpt_dir)
