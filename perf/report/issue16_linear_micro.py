@@ -1,4 +1,10 @@
-import sys, time, torch, torch.nn.functional as F
+"""Issue 16 micro-benchmark: the linears of one 768-wide layer + an 8192-row lm_head, MKL (F.linear) vs oneDNN
+prepacked, 1 and 2 threads, 1 and 16 rows (results: issue16_contention.txt). .venv/bin/python perf/report/issue16_linear_micro.py"""
+import time
+
+import torch
+import torch.nn.functional as F
+
 torch.manual_seed(0)
 shapes=[(768,1280),(768,768),(768,6144),(3072,768),(768,8192)]
 def bench(fn, n=30):
