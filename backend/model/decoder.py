@@ -65,7 +65,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """cache (slots, n_kv, head_dim), slots (B, L) -> (B, L, n_kv, head_dim). index_select copies whole rows: on
-    CPU about 4x faster than advanced indexing (cache[slots]) at batch 16 x 192 positions (perf/REPORT.md)."""
+    CPU about 4x faster than advanced indexing (cache[slots]) at batch 16 x 192 positions (perf/ISSUE16.md)."""
     B, L = slots.shape
     return cache.index_select(0, slots.reshape(-1)).view(B, L, *cache.shape[1:])
 

@@ -4,7 +4,7 @@ freezing do), instead of MKL GEMMs on the plain row-major weights every step.
 A kernel choice, not a format: the same float32 weights, the same products (results differ from MKL's by float
 summation order only). Measured on the 2-core AMD EPYC (AVX2 + FMA) with torch 2.13, one thread, the four linears
 of a 768-wide layer plus an 8192-row lm_head: batch 16 rows 18.6 ms with MKL, 11.7 ms with oneDNN; batch 1 3.97 ->
-3.56 ms (perf/REPORT.md, issue 16). Applied after loading, to plain nn.Linear modules only (quantized linears keep
+3.56 ms (perf/ISSUE16.md). Applied after loading, to plain nn.Linear modules only (quantized linears keep
 their own kernels); the replaced modules keep no plain copy of the weight.
 """
 from __future__ import annotations
