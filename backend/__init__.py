@@ -20,10 +20,27 @@ Outside: build_engines imports backend; ensembles imports both; frontend (the HT
 only; perf imports anything and nothing imports perf.
 tests/unit/test_layers.py checks all of this by parsing every import (tests/unit/import_rules.py holds the rules).
 """
+import logging
 import os
+import sys
 
-# The wait policy of torch's OpenMP threads, chosen for shared CPUs: libgomp's default spins at every barrier, and
-# when another process takes part of a core a decode step collapses 3-15x (perf/REPORT.md, issue 16); passive
-# threads sleep instead. libgomp reads this once, when torch is first loaded, so it is set here, before any of our
-# modules imports torch (Triton's Python models import backend first). A value in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+def passive_omp_wait() -> None:
+    """Make torch's OpenMP threads sleep at barriers instead of spinning, unless the environment chose a policy.
+
+    Shared CPUs: libgomp's default spins at every barrier, and when another process takes part of a core a decode
+    step collapses 3-15x (perf/ISSUE16.md); passive threads sleep instead. libgomp reads OMP_WAIT_POLICY once, when
+    torch first loads it, so this must run before the process imports torch: importing backend runs it, and every
+    entry point that runs our engine imports backend first (Triton's model.py files, build_engines, tests/__init__.py,
+    the perf scripts; tests/unit/test_omp_wait_policy.py checks them). Processes started later inherit the value.
+    """
+    if "OMP_WAIT_POLICY" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if "torch" in sys.modules:
+        logging.getLogger(__name__).warning(
+            "torch was imported before backend: OMP_WAIT_POLICY=PASSIVE comes too late for this process (its OpenMP "
+            "threads spin at barriers); import backend first or set OMP_WAIT_POLICY in the environment")
+
+
+passive_omp_wait()

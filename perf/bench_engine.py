@@ -6,6 +6,9 @@ Prints a table and writes perf/out/bench_engine.{json,md}. A benchmark, not a te
 """
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import argparse
 import json
 import os

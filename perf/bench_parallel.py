@@ -7,6 +7,9 @@ perf/out/bench_parallel.{json,md}. A benchmark, not a test.
 """
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import argparse
 import json
 import os

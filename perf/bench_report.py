@@ -15,6 +15,9 @@ perf/report/bench_report.json.
 """
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import argparse
 import json
 import os

@@ -3,11 +3,14 @@ checkpoints, prompts and cores, interleaved round by round so that load from oth
 number is kept with the 1-minute load average at the time. Greedy, float32 (and bfloat16 where asked), output tok/s.
 Writes perf/out/side_by_side.{jsonl,md}. A benchmark, not a test.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python perf/bench_side_by_side.py --hf perf/out/llama125m [--demo]
+    .venv/bin/python perf/bench_side_by_side.py --hf perf/out/llama125m [--demo]
         [--dtypes float32 bfloat16] [--rounds 2] [--sizes 1 16]
 """
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import argparse
 import json
 import os

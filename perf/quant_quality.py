@@ -6,6 +6,9 @@ all run by our torch runtime. Prints a table; writes perf/out/quant_quality.{jso
 """
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import argparse
 import json
 import sys

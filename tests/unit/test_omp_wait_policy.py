@@ -1,0 +1,59 @@
+"""backend/__init__.py's OpenMP wait policy: PASSIVE unless the environment chose one, a warning when it comes too late
+(torch loaded first), and every entry point that runs torch in-process imports backend before anything that could
+load torch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.unit.import_rules import ROOT, imports_of, module_name
+
+# What may be imported before backend: none of these loads torch (tritonllm_env only puts our packages on sys.path).
+HARMLESS = set(sys.stdlib_module_names) | {"__future__", "numpy", "triton_python_backend_utils", "tritonllm_env"}
+# A perf script that imports one of these runs torch in-process (bench_engine and engine_load: perf's own engine runs).
+TORCH_USERS = ("torch", "safetensors", "backend.engine", "backend.model", "build_engines", "bench_engine", "engine_load")
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    return subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)
+
+
+def test_importing_backend_defaults_to_passive():
+    done = run("import os, backend; print(os.environ['OMP_WAIT_POLICY'])")
+    assert done.stdout.strip() == "PASSIVE" and "too late" not in done.stderr
+
+
+def test_the_environment_wins():
+    assert run("import os, backend; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE").stdout.strip() \
+        == "ACTIVE"
+
+
+def test_torch_first_is_reported():
+    assert "torch was imported before backend" in run("import torch, backend").stderr
+
+
+def runs_torch(module: str) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in TORCH_USERS)
+
+
+def entry_points() -> list:
+    """Scripts that run torch in-process (perf/*.py importing it, directly or through our packages), the Triton
+    models, and the packages whose import must set the policy for what follows (build_engines, tests)."""
+    perf = [p for p in sorted((ROOT / "perf").glob("*.py"))
+            if any(runs_torch(name) for _, name, _ in imports_of(p.read_text(), module_name(p)))]
+    models = sorted((ROOT / "model_repository").glob("*/1/model.py"))
+    return perf + models + [ROOT / "build_engines" / "__init__.py", ROOT / "tests" / "__init__.py"]
+
+
+@pytest.mark.parametrize("path", entry_points(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_entry_points_import_backend_before_torch(path):
+    names = [name for _, name, top in imports_of(path.read_text(), module_name(path)) if top]
+    first = next((i for i, n in enumerate(names) if n == "backend" or n.startswith("backend.")), None)
+    assert first is not None, f"{path.name} never imports backend"
+    early = [n for n in names[:first] if n.split(".")[0] not in HARMLESS]
+    assert not early, f"{path.name} imports {early} before backend (OMP_WAIT_POLICY would come too late)"
