@@ -61,6 +61,8 @@ unit: setup
 # perf/.venv-vllm exists, prefix cache on/off, float32 vs bfloat16 -> perf/REPORT.md + perf/report/*.png.
 bench: setup demo-model perf-tools
 	$(BIN)/python perf/bench_report.py $(BENCH_ARGS)
+	# bench_report.py writes REPORT.md whole: put back the last aiperf section (its own run: make bench-openai)
+	if [ -f perf/report/openai_bench.json ]; then $(BIN)/python perf/openai_bench.py --render-only; fi
 
 # aiperf (own virtualenv, perf/.venv-aiperf) on the OpenAI API beside perf_analyzer on the ensemble, 1/4/16
 # concurrent -> the "OpenAI API (aiperf)" section of perf/REPORT.md.
