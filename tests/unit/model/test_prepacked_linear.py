@@ -88,3 +88,11 @@ def test_gather_equals_advanced_indexing_for_float_and_fp8_pools():
     pool = Fp8KVPool((64, 2, 4), torch.tensor([0.5]), torch.float32, torch.device("cpu"))
     pool[torch.arange(64)] = cache
     torch.testing.assert_close(gather(pool, slots), pool[slots], rtol=0, atol=0)
+
+
+def test_the_config_and_the_model_name_the_same_kernels():
+    """backend.engine.config cannot import the model layer, so both name the kernels: they must agree."""
+    from backend.engine import config
+    from backend.model import prepacked_linear
+
+    assert config.LINEAR_KERNELS == prepacked_linear.LINEAR_KERNELS
