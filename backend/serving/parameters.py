@@ -107,6 +107,11 @@ class ServingConfig:
     # which any client can send. Off: stop needs the request's request_key.
     stop_by_request_id: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.cancellation_check_period_s > 0:
+            raise ValueError("cancellation_check_period_ms must be a positive number of milliseconds, got "
+                             f"{self.cancellation_check_period_s * 1000:g}")
+
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "ServingConfig":
         return cls(

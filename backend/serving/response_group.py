@@ -45,6 +45,7 @@ class ResponseGroup:
         self.pad_id = pad_id  # fills output_ids of shorter sequences in a unary response
         self.held: list[Tensors] = []  # unary: each row's final tensors, in the order rows finished
         self.failed = False  # unary: an error was sent; the other rows are to be cancelled
+        self.abandoned = False  # a send failed (the client is gone): every row is to be cancelled
         self.lock = threading.Lock()
 
     def send(self, response: Tensors | RowError | None, row_done: bool) -> None:
@@ -67,6 +68,12 @@ class ResponseGroup:
                 self._send(stack_sequences(self.held, self.pad_id), True)
         if last:
             self.on_done()
+
+
+    def abandon(self) -> None:
+        """A send failed: nothing more can reach this client (sends run on another thread, so the engine loop
+        learns it here, through its sinks' cancelled())."""
+        self.abandoned = True
 
 
 def stack_sequences(responses: list[Tensors], pad_id: int = -1) -> Tensors:

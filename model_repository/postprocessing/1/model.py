@@ -7,6 +7,7 @@ import triton_python_backend_utils as pb_utils
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
 from backend.errors import InvalidRequestError
+from backend.serving.cancel_watch import CancelPolls
 from backend.serving.parameters import ModelParameters, PostprocessingConfig
 from backend.serving.postprocess import Postprocessor
 
@@ -20,9 +21,10 @@ _PASS_THROUGH = (
 )
 
 
-def _input(request, name):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+def _inputs(request):
+    """name -> array of the inputs the request carries (one pass: get_input_tensor_by_name scans them all per call,
+    28 calls a streamed token here)."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
 class TritonPythonModel:
@@ -30,20 +32,27 @@ class TritonPythonModel:
         config = PostprocessingConfig.from_parameters(ModelParameters.from_model_config(json.loads(args["model_config"])))
         self.post = Postprocessor(config.tokenizer_dir)
         self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
+        # is_cancelled() per streamed token was one IPC round trip per token: ask at most every 0.1 s per stream.
+        self.polls = CancelPolls(period_s=0.1)
         # Where `stop` goes: the LLM model, or the canary router in front of its versions (ensembles/canary_render.py).
         self.stop_model = config.stop_model
 
     def execute(self, requests):
-        for request in requests:
-            final = _input(request, "STREAM_FINAL")
+        inputs = [_inputs(r) for r in requests]
+        for request, given in zip(requests, inputs):
+            final, key = given.get("STREAM_FINAL"), given.get("REQUEST_KEY")
+            if key is None:
+                continue
             # A final response's engine request is over (always so when not decoupled): nothing to stop.
-            if request.is_cancelled() and final is not None and not bool(final.reshape(-1)[0]):
-                self._stop_engine_request(_input(request, "REQUEST_KEY"))
-        return [self._respond(r) for r in requests]
+            if final is None or bool(final.reshape(-1)[0]):
+                self.polls.forget(int(key.reshape(-1)[0]))
+            elif self.polls.due(int(key.reshape(-1)[0])) and request.is_cancelled():  # an IPC round trip
+                self._stop_engine_request(key)
+        return [self._respond(given) for given in inputs]
 
-    def _respond(self, request):
+    def _respond(self, given):
         try:
-            return pb_utils.InferenceResponse(output_tensors=self._process(request))
+            return pb_utils.InferenceResponse(output_tensors=self._process(given))
         except InvalidRequestError as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
 
@@ -62,17 +71,17 @@ class TritonPythonModel:
             if response.has_error():
                 pb_utils.Logger.log_warn(f"stopping a cancelled request failed: {response.error().message()}")
 
-    def _process(self, request):
+    def _process(self, given):
         text = self.post.texts(
-            _input(request, "TOKENS_BATCH"),
-            _input(request, "SEQUENCE_LENGTH"),
-            _input(request, "STREAM_CONTEXT_IDS"),
-            _input(request, "STREAM_FINAL"),
+            given.get("TOKENS_BATCH"),
+            given.get("SEQUENCE_LENGTH"),
+            given.get("STREAM_CONTEXT_IDS"),
+            given.get("STREAM_FINAL"),
         )
-        tokens = Postprocessor.token_ids(_input(request, "TOKENS_BATCH"), _input(request, "SEQUENCE_LENGTH"))
+        tokens = Postprocessor.token_ids(given.get("TOKENS_BATCH"), given.get("SEQUENCE_LENGTH"))
         outputs = [pb_utils.Tensor("OUTPUT", text), pb_utils.Tensor("OUT_TOKEN_IDS", tokens)]
         for name in _PASS_THROUGH:
-            value = _input(request, name)
+            value = given.get(name)
             if value is not None:
                 outputs.append(pb_utils.Tensor(f"OUT_{name}", value))
         return outputs

@@ -23,10 +23,12 @@ from backend.policy.admission import AdmissionController, Lease, RowCost
 from backend.policy.api_keys import AuthenticationError
 from backend.policy.request_context import request_context
 from backend.policy.tenants import load_limits
+from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
 from backend.serving.parameters import ModelParameters, ServingConfig
 from backend.serving.response_group import ResponseGroup, RowError
+from backend.serving.send_queue import SendQueue
 from backend.serving.tenant_metrics import TenantMetrics
 from backend.serving.triton_io import RowStream, parse_request
 from backend.serving.triton_metrics import NoMetrics, TritonMetrics
@@ -43,15 +45,24 @@ def _send_error(sender, message: str, code) -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=_FINAL)
 
 
-def _sender_send(sender):
-    """ResponseGroup's send callback over a Triton response sender."""
+def _ignore(exc):
+    """A metrics update that failed (logged by the SendQueue) must not touch any request."""
+
+
+def _sender_send(sender, sends, on_error):
+    """ResponseGroup's send callback over a Triton response sender: the send itself runs on the SendQueue's thread
+    (backend/serving/send_queue.py), in order, while the engine thread goes on."""
 
     def send(response, final: bool) -> None:
-        if isinstance(response, RowError):
-            response = _error_response(response)
-        elif response is not None:
-            response = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in response.items()])
-        sender.send(response, flags=_FINAL if final else 0)
+        def deliver():
+            message = response
+            if isinstance(message, RowError):
+                message = _error_response(message)
+            elif message is not None:
+                message = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in message.items()])
+            sender.send(message, flags=_FINAL if final else 0)
+
+        sends.submit(deliver, on_error)
 
     return send
 
@@ -59,9 +70,11 @@ def _sender_send(sender):
 class _RowSink:
     """engine_loop.OutputSink for one row (a batch row, or one of its num_return_sequences)."""
 
-    def __init__(self, group: ResponseGroup, sender, stream: RowStream, metrics: TritonMetrics, lease: Lease) -> None:
+    def __init__(self, group: ResponseGroup, sender, watched: Watched, stream: RowStream, metrics: TritonMetrics,
+                 lease: Lease) -> None:
         self.group = group
         self.sender = sender
+        self.watched = watched  # the sender's is_cancelled(), polled off the engine thread (CancelWatch)
         self.stream = stream
         self.metrics = metrics
         self.lease = lease  # admission ticket (released when the row ends) and deadline
@@ -88,7 +101,7 @@ class _RowSink:
         self.group.send(RowError(str(error), code), row_done=True)
 
     def cancelled(self) -> bool:
-        return self.sender.is_cancelled() or self.lease.expired() or self.group.failed
+        return self.watched.cancelled or self.lease.expired() or self.group.failed or self.group.abandoned
 
 
 class TritonPythonModel:
@@ -110,13 +123,17 @@ class TritonPythonModel:
         self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
                                else NoMetrics())
-        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s, on_stats=self._publish)
+        # Round trips to the Triton process (responses, metrics, is_cancelled) stay off the engine thread.
+        self.sends = SendQueue()
+        self.cancel_watch = CancelWatch(self.serving.cancellation_check_period_s)
+        self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s,
+                               on_stats=lambda stats: self.sends.submit(lambda: self._publish(stats), _ignore))
         # request_key -> its engine request ids, for `stop`; Triton request id -> request_key only where the unsafe
         # stop_by_request_id parameter allows stopping by request id.
         self.by_key = {}
         self.by_triton_id = {}
         # The launcher's shutdown / restart phase (backend/serving/lifecycle.py): refuse, or fail what is in flight.
-        self.phase = PhaseWatcher.from_env(name, lambda: self.loop.inflight,
+        self.phase = PhaseWatcher.from_env(name, lambda: self.loop.inflight + self.sends.pending,
                                            lambda reason: self.loop.fail_all(UnavailableError(reason)))
 
     def execute(self, requests):
@@ -173,15 +190,19 @@ class TritonPythonModel:
         if triton_id and self.serving.stop_by_request_id:
             self.by_triton_id[triton_id] = key
         pad_id = rows[0].sampling.pad_id
-        group = ResponseGroup(len(rows), self.decoupled, _sender_send(sender), lambda: self._forget(triton_id, key),
+        # A send that fails (the client went away) abandons the group: the engine loop then cancels its rows.
+        send = _sender_send(sender, self.sends, lambda exc: group.abandon())
+        watched = self.cancel_watch.watch(sender.is_cancelled)
+        group = ResponseGroup(len(rows), self.decoupled, send, lambda: self._forget(triton_id, key, watched),
                               pad_id=-1 if pad_id is None else pad_id)
         for engine_id, row, lease in zip(ids, rows, leases):
             tenant = lease.ticket.tenant  # tier -> scheduler priority; salted tenants share no cached blocks
             request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
                               priority=tenant.priority)
-            self.loop.submit(request, _RowSink(group, sender, RowStream(row, key), self.metrics, lease))
+            self.loop.submit(request, _RowSink(group, sender, watched, RowStream(row, key), self.metrics, lease))
 
-    def _forget(self, triton_id, key):
+    def _forget(self, triton_id, key, watched):
+        watched.finish()
         self.by_key.pop(key, None)
         if triton_id and self.by_triton_id.get(triton_id) == key:
             del self.by_triton_id[triton_id]
@@ -208,5 +229,7 @@ class TritonPythonModel:
     def finalize(self):
         self.phase.close()
         self.loop.shutdown()
+        self.cancel_watch.close()
+        self.sends.close(timeout=10.0)
         self.engine.close()  # a parallel engine's worker processes exit here
         self.metrics = self.tenant_metrics = None  # metric families are released with this model

@@ -108,3 +108,10 @@ def test_enable_kv_cache_reuse_has_one_default():
     assert EngineConfig().enable_kv_cache_reuse is True
     assert ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/c"})).engine.enable_kv_cache_reuse
     assert RepoSpec.__dataclass_fields__["enable_kv_cache_reuse"].default is True
+
+
+def test_cancellation_check_period_must_be_positive():
+    from backend.serving.parameters import ServingConfig
+
+    with pytest.raises(ValueError, match="cancellation_check_period_ms"):
+        ServingConfig(engine_dir=Path("x"), engine=EngineConfig(), cancellation_check_period_s=0.0)

@@ -65,3 +65,12 @@ def test_unary_answers_the_first_error_and_nothing_else():
 def test_one_sequence_is_sent_as_it_is():
     row = _row([1, 2], 0)
     assert stack_sequences([row]) is row
+
+
+def test_abandon_marks_the_group_for_cancelling_without_sending():
+    """A send that failed on the send thread (the client went away): the rows' sinks report cancelled from then on."""
+    s = Sender()
+    group = ResponseGroup(2, decoupled=True, send=s.send, on_done=s.on_done)
+    assert not group.abandoned
+    group.abandon()
+    assert group.abandoned and s.sent == [] and s.done == 0
