@@ -51,33 +51,44 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def measure(engine_dir: Path, steps: int) -> dict:
+    """Median batch-1 decode step (128 prompt tokens, then `steps` steps) vs weight bytes / copy bandwidth."""
+    engine = LLMEngine(engine_dir, EngineConfig(max_batch_size=1, max_num_tokens=512, device="cpu"))
+    # The checkpoint's tensors (prepacked linears keep no plain weight, so count the file, not the modules);
+    # the embedding table is read by rows only, so it is left out of the bytes a step must stream.
+    weight_bytes = checkpoint_bytes(engine_dir) - embedding_bytes(engine_dir)
+    try:
+        engine.add_request(Request("r", tuple(range(1, 129)), SamplingParams(max_tokens=steps + 2)))
+        engine.step()  # prefill
+        step_s = [_timed(engine.step) for _ in range(steps)]
+        kernel = engine.runner.linear_kernel
+    finally:
+        engine.close()
+    bandwidth = copy_bandwidth()
+    return {"weight_bytes": weight_bytes, "bandwidth_bytes_s": bandwidth, "floor_s": weight_bytes / bandwidth,
+            "step_s": step_s, "median_step_s": statistics.median(step_s), "linear_kernel": kernel,
+            "load": os.getloadavg()[0]}
+
+
+def table(m: dict) -> str:
+    return ("| weights (MB) | copy bandwidth (GB/s) | floor (ms) | batch-1 decode step (ms) | step / floor |\n"
+            "|---|---|---|---|---|\n"
+            f"| {m['weight_bytes'] / 1e6:.1f} | {m['bandwidth_bytes_s'] / 1e9:.1f} | {m['floor_s'] * 1e3:.2f} | "
+            f"{m['median_step_s'] * 1e3:.2f} | {m['median_step_s'] / m['floor_s']:.1f} |\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hf", type=Path)
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     model = artifacts.from_hf(args.hf) if args.hf else artifacts.demo()
-    engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=1, max_num_tokens=512, device="cpu"))
-    # The checkpoint's tensors (prepacked linears keep no plain weight, so count the file, not the modules);
-    # the embedding table is read by rows only, so it is left out of the bytes a step must stream.
-    weight_bytes = checkpoint_bytes(model.engine_dir) - embedding_bytes(model.engine_dir)
-    engine.add_request(Request("r", tuple(range(1, 129)), SamplingParams(max_tokens=args.steps + 2)))
-    engine.step()  # prefill
-    steps = [_timed(engine.step) for _ in range(args.steps)]
-    step = statistics.median(steps)
-    bandwidth = copy_bandwidth()
-    floor = weight_bytes / bandwidth
-    table = ("| weights (MB) | copy bandwidth (GB/s) | floor (ms) | batch-1 decode step (ms) | step / floor |\n"
-             "|---|---|---|---|---|\n"
-             f"| {weight_bytes / 1e6:.1f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.2f} | {step * 1e3:.2f} | "
-             f"{step / floor:.1f} |\n")
-    load = os.getloadavg()[0]
-    print(table + f"\nmedian of {args.steps} steps at 128-{128 + args.steps} tokens of context; float32, CPU; "
-          f"linear kernel {engine.runner.linear_kernel}; load average (1 min) {load:.2f}")
+    m = measure(model.engine_dir, args.steps)
+    print(table(m) + f"\nmedian of {args.steps} steps at 128-{128 + args.steps} tokens of context; float32, CPU; "
+          f"linear kernel {m['linear_kernel']}; load average (1 min) {m['load']:.2f}")
     OUT.mkdir(exist_ok=True)
-    (OUT / "bench_decode_floor.json").write_text(json.dumps(
-        {"weight_bytes": weight_bytes, "bandwidth_bytes_s": bandwidth, "step_s": steps}, indent=2))
-    (OUT / "bench_decode_floor.md").write_text(table)
+    (OUT / "bench_decode_floor.json").write_text(json.dumps(m, indent=2))
+    (OUT / "bench_decode_floor.md").write_text(table(m))
 
 
 if __name__ == "__main__":

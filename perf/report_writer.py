@@ -6,6 +6,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import bench_decode_floor
+import bench_side_by_side
 import matplotlib
 import numpy as np
 
@@ -101,16 +103,28 @@ def plot_prefix(ttfts: dict[str, list[float]], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_peers(peers: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    names = ["engine", "hf_static", "vllm_cpu"]
-    labels = ["our engine", "HF static batch", "vLLM-CPU"]
-    width = 0.25
-    for i, (name, label) in enumerate(zip(names, labels)):
-        values = [row[name] or 0 for row in peers]
-        ax.bar([j + i * width for j in range(len(peers))], values, width, label=label)
-    ax.set_xticks([j + width for j in range(len(peers))], [f"{row['concurrency']} request(s)" for row in peers])
-    ax.set(ylabel="output tokens/s")
+ENGINES = (("ours", "ours, every core"), ("ours-1t", "ours, 1 thread"), ("hf", "HF transformers"),
+           ("vllm", "vLLM-CPU"))
+
+
+def engine_medians(rows: list[dict]) -> dict[tuple[str, int, str], float]:
+    """(checkpoint, batch, engine) -> median output tok/s over the rounds (and vLLM's two runs a round)."""
+    cells = defaultdict(list)
+    for r in rows:
+        cells[(r["checkpoint"], r["size"], r["engine"])].append(r["tok_s"])
+    return {k: statistics.median(v) for k, v in cells.items()}
+
+
+def plot_peers(rows: list[dict], path: Path) -> None:
+    med = engine_medians(rows)
+    groups = sorted({(c, n) for c, n, _ in med})
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    width = 0.2
+    for i, (name, label) in enumerate(ENGINES):
+        ax.bar([j + i * width for j in range(len(groups))], [med.get((c, n, name), 0) for c, n in groups], width,
+               label=label)
+    ax.set_xticks([j + 1.5 * width for j in range(len(groups))], [f"{c}, batch {n}" for c, n in groups])
+    ax.set(ylabel="output tokens/s (median)", yscale="log")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -123,7 +137,7 @@ def write_report(results: dict, report: Path, plots: Path) -> None:
     plot_curves(s, loads, plots / "throughput_vs_ttft.png")
     plot_ttft(s, [c for c in loads if c in (1, 4, 16)], plots / "ttft_distribution.png")
     plot_prefix(results["prefix_cache_ttft_ms"], plots / "prefix_cache_ttft.png")
-    plot_peers(results["peers"], plots / "engines.png")
+    plot_peers(results["peers"]["side_by_side"], plots / "engines.png")
     report.write_text(render(results, s, loads, plots.relative_to(report.parent)))
 
 
@@ -147,6 +161,7 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
 
 def _overhead_part(results: dict, s: dict, loads: list[int], plots: Path, ratio: float, busy: bool) -> str:
     m, a, top, load = results["machine"], results["args"], max(loads), results["loadavg"]
+    direct = s[("tensorrt_llm", top)]["tok_s"] / s[("engine", top)]["tok_s"]
     return f"""# tritonllm benchmark report
 
 One run of `make bench` (`{results['command']}`), {datetime.date.today()}, {results['elapsed_s']} s.
@@ -168,7 +183,7 @@ and the load generator, and spinning OpenMP threads that contend with other proc
 ## Serving overhead
 
 **Throughput through Triton at {top} concurrent streams / the engine's in-process throughput at the same load:
-{ratio:.2f}** (goal: at least {GOAL}; {'met' if ratio >= GOAL else 'not met'}).
+ensemble {ratio:.2f}, tensorrt_llm direct {direct:.2f}** (goal: at least {GOAL} for both; {'met' if min(ratio, direct) >= GOAL else 'not met'}).
 
 {overhead_table(s, loads)}
 Tokens/s are the mean over repeats (range in brackets). "tensorrt_llm direct" sends token ids to the engine's
@@ -178,26 +193,57 @@ the cost of Triton + gRPC from that of tokenizing and detokenizing every streame
 ![throughput vs TTFT]({plots}/throughput_vs_ttft.png)
 
 ![TTFT distributions]({plots}/ttft_distribution.png)
+
+"""
+
+
+def _peers_part(peers: dict, a: dict, tried: bool, plots: Path) -> str:
+    """Issue 16's in-process goals: the side-by-side table, the batch-1 floor, a long prompt's first token."""
+    rows, floor, ttft = peers["side_by_side"], peers["decode_floor"], peers["long_prompt_ttft"]
+    med = engine_medians(rows)
+    goals = []
+    for (ck, n) in sorted({(c, k) for c, k, _ in med}):
+        ours = max(med.get((ck, n, "ours"), 0), med.get((ck, n, "ours-1t"), 0))
+        vllm = med.get((ck, n, "vllm"))
+        target = 1.5 if n >= 16 else 1.2
+        if vllm:
+            verdict = "met" if ours >= target * vllm else "missed"
+            goals.append(f"{ck} batch {n}: {ours / vllm:.2f}x (goal {target}x: {verdict})")
+    same = [r["equal_to_hf"] for r in rows if "equal_to_hf" in r]
+    ours_ttft, vllm_ttft = statistics.median(ttft["ours_s"]), ttft["vllm_s"] and statistics.median(ttft["vllm_s"])
+    vs = (f"vLLM-CPU {vllm_ttft * 1e3:.0f} ms ({'met' if ours_ttft <= vllm_ttft else 'missed'}: ours / vLLM "
+          f"{ours_ttft / vllm_ttft:.2f})" if vllm_ttft else _vllm(None, tried))
+    return f"""Output tokens/s, greedy float32, one static batch ({a['prompt_len']}-token prompts cut from held-out
+standard-library source, {a['new_tokens']} new tokens), {a['rounds']} rounds interleaved engine by engine
+(perf/bench_peers.py over perf/bench_side_by_side.py); ranges over rounds (vLLM-CPU runs twice a round in its
+process); "ours / vLLM" = ours at every core against vLLM's range. Checkpoints: the demo model and a random-init
+Llama of 116M parameters (hidden 768, 12 layers, 12 heads / 4 KV heads, intermediate 3072, the demo tokenizer).
+
+{bench_side_by_side.table(rows)}
+Best of ours (either thread count) / vLLM-CPU, medians (issue 16's goals: 1.5x at batch 16, 1.2x at batch 1):
+{'; '.join(goals) or 'vLLM-CPU ' + _vllm(None, tried)}.
+Greedy tokens of ours equal HF's in {sum(same)} of {len(same)} runs (where they differ, perf/ISSUE16.md shows the
+125M model's batch-16 row 3: a float32 near-tie that a float64 reference decides for ours).
+
+![engines]({plots}/engines.png)
+
+Batch-1 decode step of the 125M model against its memory-bandwidth floor (weights read once per step / copy
+bandwidth; median of {len(floor['step_s'])} steps, every core, linear kernel {floor['linear_kernel']}; goal 1.3x):
+
+{bench_decode_floor.table(floor)}
+Time to first token of one {ttft['prompt_len']}-token prompt on the 125M model (max_tokens 1: prefill + one
+token; median of {len(ttft['ours_s'])} after a warm-up, every core): ours {ours_ttft * 1e3:.0f} ms, {vs}.
 """
 
 
 def _comparison_part(results: dict, plots: Path) -> str:
     a, pfx = results["args"], results["prefix_cache_ttft_ms"]
     tried = a["vllm"] == "True"
-    peers = "".join(f"| {r['concurrency']} | {r['engine']:.0f} | {r['hf_static']:.0f} | "
-                    f"{_vllm(r['vllm_cpu'], tried)} |\n"
-                    for r in results["peers"])
+    peers = results["peers"]
     weights_rows = "\n".join(f"| {name} | {tok_s:.0f} |" for name, tok_s in results["dtypes"].items())
-    return f"""## Our engine vs HF transformers static batching vs vLLM-CPU
+    return f"""## Our engine vs HF transformers vs vLLM-CPU (in-process, every core)
 
-Output tokens/s, one static batch of N requests ({a['prompt_len']}-token prompts, {a['new_tokens']} new tokens),
-in-process each (perf/bench_engine.py's functions).
-
-| requests | our engine | HF transformers static batch | vLLM-CPU |
-|---|---|---|---|
-{peers}
-![engines]({plots}/engines.png)
-
+{_peers_part(peers, a, tried, plots)}
 ## Prefix cache on vs off (through the server)
 
 24 requests sharing a {a['prefix_len']}-token prefix, each with its own 16-token suffix, 8 new tokens, 4 streams
