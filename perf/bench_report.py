@@ -1,6 +1,6 @@
 """The side-by-side benchmark, one run on one machine, written up: perf/REPORT.md and plots under perf/report/.
 
-    make bench          # = .venv/bin/python perf/bench_report.py (needs `make perf-tools`; ~10 min on 2 cores)
+    make bench          # = .venv/bin/python perf/bench_report.py (needs `make perf-tools`; ~25 min on 2 cores)
 
 On the demo model, same prompts (cut from held-out standard-library source), greedy, every request generating
 exactly --new-tokens tokens:
