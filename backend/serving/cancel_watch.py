@@ -5,9 +5,12 @@ process: 0.42 ms measured with 16 streams of the demo model on 2 cores (perf/ISS
 thread for every request every 0.1 s it cost 2.1 ms of each 41 ms step; asked by postprocessing for every streamed
 token, one round trip per token.
 
-- CancelWatch: one thread polls each watched request's probe every `period_s` and keeps the answer in a flag that
-  the engine thread reads for free (EngineLoop still checks its sinks every cancellation period: a cancel is seen
-  within two periods).
+- CancelWatch: every `period_s` its thread has each watched request's probe asked -- through `run`, which the
+  tensorrt_llm model points at its SendQueue, so that polls and sends are one sequence on one thread -- and keeps
+  the answer in a flag that the engine thread reads for free (EngineLoop still checks its sinks every cancellation
+  period: a cancel is seen within two periods). A request is finished (never asked again) by the send of its final
+  response, on that same thread: Triton 2.51 crashes (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, seen in
+  CI) when is_cancelled() is asked after the request's final response freed its response factory.
 - CancelPolls: tells a per-token caller whether a key's poll is due (at most once per `period_s` per key).
 """
 from __future__ import annotations
@@ -34,10 +37,14 @@ class Watched:
 
 
 class CancelWatch:
-    def __init__(self, period_s: float, name: str = "tritonllm-cancel-watch") -> None:
+    def __init__(self, period_s: float, run: Callable[[Callable[[], None]], None] | None = None,
+                 name: str = "tritonllm-cancel-watch") -> None:
+        """run(poll): where a pass of polls runs (default: on the watch's own thread)."""
         if not period_s > 0:
             raise ValueError(f"period_s must be > 0, got {period_s}")
         self.period_s = period_s
+        self._run_poll = run or (lambda poll: poll())
+        self._poll_queued = False  # a pass handed to `run` and not done yet: the next period skips
         self._watched: list[Watched] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -60,11 +67,19 @@ class CancelWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            self.poll()
+            if self._poll_queued:
+                continue
+            self._poll_queued = True
+            try:
+                self._run_poll(self.poll)
+            except Exception:
+                self._poll_queued = False
+                log.exception("scheduling a cancellation poll failed")
 
     def poll(self) -> None:
         """One pass: forget ended requests, ask the others (a probe that raises counts as cancelled: its client
         can no longer be reached)."""
+        self._poll_queued = False
         with self._lock:
             self._watched = [w for w in self._watched if not w.done]
             watched = list(self._watched)

@@ -49,9 +49,10 @@ def _ignore(exc):
     """A metrics update that failed (logged by the SendQueue) must not touch any request."""
 
 
-def _sender_send(sender, sends, on_error):
+def _sender_send(sender, sends, watched, on_error):
     """ResponseGroup's send callback over a Triton response sender: the send itself runs on the SendQueue's thread
-    (backend/serving/send_queue.py), in order, while the engine thread goes on."""
+    (backend/serving/send_queue.py), in order, while the engine thread goes on. The final send finishes `watched`
+    on that thread, before any later cancellation poll there (backend/serving/cancel_watch.py says why)."""
 
     def send(response, final: bool) -> None:
         def deliver():
@@ -60,7 +61,11 @@ def _sender_send(sender, sends, on_error):
                 message = _error_response(message)
             elif message is not None:
                 message = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in message.items()])
-            sender.send(message, flags=_FINAL if final else 0)
+            try:
+                sender.send(message, flags=_FINAL if final else 0)
+            finally:
+                if final:
+                    watched.finish()
 
         sends.submit(deliver, on_error)
 
@@ -86,7 +91,7 @@ class _RowSink:
         if output.finish_reason is FinishReason.CANCELLED and self.lease.timed_out:
             self.group.send(RowError(self.lease.timeout_message(), "UNAVAILABLE"), row_done=True)
             return
-        if output.finish_reason is FinishReason.CANCELLED and self.sender.is_cancelled():
+        if output.finish_reason is FinishReason.CANCELLED and self.watched.cancelled:
             self.group.send(RowError("request cancelled", "CANCELLED"), row_done=True)
             return
         self.group.send(self.stream.on_output(output), row_done=output.finished)
@@ -125,7 +130,9 @@ class TritonPythonModel:
                                else NoMetrics())
         # Round trips to the Triton process (responses, metrics, is_cancelled) stay off the engine thread.
         self.sends = SendQueue()
-        self.cancel_watch = CancelWatch(self.serving.cancellation_check_period_s)
+        # Polls run on the send thread, between sends: none can follow a request's final response.
+        self.cancel_watch = CancelWatch(self.serving.cancellation_check_period_s,
+                                        run=lambda poll: self.sends.submit(poll, _ignore))
         self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s,
                                on_stats=lambda stats: self.sends.submit(lambda: self._publish(stats), _ignore))
         # request_key -> its engine request ids, for `stop`; Triton request id -> request_key only where the unsafe
@@ -191,8 +198,8 @@ class TritonPythonModel:
             self.by_triton_id[triton_id] = key
         pad_id = rows[0].sampling.pad_id
         # A send that fails (the client went away) abandons the group: the engine loop then cancels its rows.
-        send = _sender_send(sender, self.sends, lambda exc: group.abandon())
         watched = self.cancel_watch.watch(sender.is_cancelled)
+        send = _sender_send(sender, self.sends, watched, lambda exc: group.abandon())
         group = ResponseGroup(len(rows), self.decoupled, send, lambda: self._forget(triton_id, key, watched),
                               pad_id=-1 if pad_id is None else pad_id)
         for engine_id, row, lease in zip(ids, rows, leases):

@@ -99,3 +99,28 @@ def test_polls_remember_a_bounded_number_of_keys():
     for key in range(5):
         assert polls.due(key)
     assert not polls.due(4) and polls.due(0)  # 0 was the oldest: forgotten, due again
+
+
+def test_passes_run_where_run_puts_them_and_one_at_a_time():
+    """The model hands each pass to its send thread (no poll may follow a request's final send): the watch thread
+    only schedules, and schedules no second pass while one waits."""
+    handed: list = []
+    watch = CancelWatch(period_s=0.01, run=handed.append)
+    try:
+        probe = Probe(answer=True)
+        watched = watch.watch(probe)
+        for _ in range(500):
+            if handed:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)  # several periods: still one pass waiting
+        assert len(handed) == 1 and probe.calls == 0 and not watched.cancelled
+        handed.pop()()  # the send thread runs it
+        assert watched.cancelled and probe.threads == {threading.current_thread().name}
+        for _ in range(500):  # the next pass is scheduled once this one ran
+            if handed:
+                break
+            threading.Event().wait(0.01)
+        assert len(handed) == 1
+    finally:
+        watch.close()
