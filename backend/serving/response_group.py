@@ -69,7 +69,6 @@ class ResponseGroup:
         if last:
             self.on_done()
 
-
     def abandon(self) -> None:
         """A send failed: nothing more can reach this client (sends run on another thread, so the engine loop
         learns it here, through its sinks' cancelled())."""

@@ -71,21 +71,21 @@ class SendQueue:
             except queue.Empty:
                 return
             if item is not _CLOSE:
-                _call(*item)
-                with self._lock:
-                    self._pending -= 1
+                self._send(item)
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is _CLOSE:
                 return
-            send, on_error = item
-            try:
-                _call(send, on_error)
-            finally:
-                with self._lock:
-                    self._pending -= 1
+            self._send(item)
+
+    def _send(self, item: tuple[Callable[[], None], Callable[[Exception], None]]) -> None:
+        try:
+            _call(*item)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
 
 def _call(send: Callable[[], None], on_error: Callable[[Exception], None]) -> None:

@@ -23,7 +23,7 @@ _PASS_THROUGH = (
 
 def _inputs(request):
     """name -> array of the inputs the request carries (one pass: get_input_tensor_by_name scans them all per call,
-    28 calls a streamed token here)."""
+    29 calls a streamed token here)."""
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
@@ -43,10 +43,11 @@ class TritonPythonModel:
             final, key = given.get("STREAM_FINAL"), given.get("REQUEST_KEY")
             if key is None:
                 continue
+            key_id = int(key.reshape(-1)[0])
             # A final response's engine request is over (always so when not decoupled): nothing to stop.
             if final is None or bool(final.reshape(-1)[0]):
-                self.polls.forget(int(key.reshape(-1)[0]))
-            elif self.polls.due(int(key.reshape(-1)[0])) and request.is_cancelled():  # an IPC round trip
+                self.polls.forget(key_id)
+            elif self.polls.due(key_id) and request.is_cancelled():  # an IPC round trip
                 self._stop_engine_request(key)
         return [self._respond(given) for given in inputs]
 

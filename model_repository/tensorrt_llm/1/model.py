@@ -75,10 +75,9 @@ def _sender_send(sender, sends, watched, on_error):
 class _RowSink:
     """engine_loop.OutputSink for one row (a batch row, or one of its num_return_sequences)."""
 
-    def __init__(self, group: ResponseGroup, sender, watched: Watched, stream: RowStream, metrics: TritonMetrics,
+    def __init__(self, group: ResponseGroup, watched: Watched, stream: RowStream, metrics: TritonMetrics,
                  lease: Lease) -> None:
         self.group = group
-        self.sender = sender
         self.watched = watched  # the sender's is_cancelled(), polled off the engine thread (CancelWatch)
         self.stream = stream
         self.metrics = metrics
@@ -206,7 +205,7 @@ class TritonPythonModel:
             tenant = lease.ticket.tenant  # tier -> scheduler priority; salted tenants share no cached blocks
             request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
                               priority=tenant.priority)
-            self.loop.submit(request, _RowSink(group, sender, watched, RowStream(row, key), self.metrics, lease))
+            self.loop.submit(request, _RowSink(group, watched, RowStream(row, key), self.metrics, lease))
 
     def _forget(self, triton_id, key, watched):
         watched.finish()
