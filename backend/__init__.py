@@ -24,23 +24,30 @@ import logging
 import os
 import sys
 
+# Spins before a thread at an OpenMP barrier sleeps (libgomp's own default: 300000 when no policy is set, none with
+# PASSIVE). perf/ISSUE16.md, "OpenMP spin before sleeping": 20000 made a 2-thread decode step 1.5x faster on a quiet
+# machine; beside a busy process it collapses, which the engine's thread governor answers by dropping to one
+# thread (backend/engine/thread_governor.py).
+BOUNDED_SPIN = "20000"
 
-def passive_omp_wait() -> None:
-    """Make torch's OpenMP threads sleep at barriers instead of spinning, unless the environment chose a policy.
 
-    Shared CPUs: libgomp's default spins at every barrier, and when another process takes part of a core a decode
-    step collapses 3-15x (perf/ISSUE16.md); passive threads sleep instead. libgomp reads OMP_WAIT_POLICY once, when
-    torch first loads it, so this must run before the process imports torch: importing backend runs it, and every
-    entry point that runs our engine imports backend first (Triton's model.py files, build_engines, tests/__init__.py,
-    the perf scripts; tests/unit/test_omp_wait_policy.py checks them). Processes started later inherit the value.
+def bounded_omp_wait() -> None:
+    """Let torch's OpenMP threads spin briefly at barriers, then sleep, unless the environment chose a policy.
+
+    libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when torch first loads it, so this must run before the
+    process imports torch: importing backend runs it, and every entry point that runs our engine imports backend
+    first (Triton's model.py files, build_engines, tests/__init__.py, the perf scripts; tests/unit/test_omp_wait_policy.py
+    checks them). Processes started later inherit the values. OMP_WAIT_POLICY=PASSIVE in the environment means no
+    spin at all (threads sleep at once: slower alone, steadier on cores shared with other work; docs/operations.md).
     """
-    if "OMP_WAIT_POLICY" in os.environ:
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # libgomp: an explicit GOMP_SPINCOUNT overrides PASSIVE's zero spins
+    os.environ["GOMP_SPINCOUNT"] = BOUNDED_SPIN
     if "torch" in sys.modules:
         logging.getLogger(__name__).warning(
-            "torch was imported before backend: OMP_WAIT_POLICY=PASSIVE comes too late for this process (its OpenMP "
-            "threads spin at barriers); import backend first or set OMP_WAIT_POLICY in the environment")
+            "torch was imported before backend: its OpenMP wait policy comes too late for this process (its threads "
+            "spin at barriers for libgomp's default); import backend first or set OMP_WAIT_POLICY in the environment")
 
 
-passive_omp_wait()
+bounded_omp_wait()

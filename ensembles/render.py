@@ -47,6 +47,7 @@ class RepoSpec:
     add_special_tokens: bool = False
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: CUDA when present
     engine_threads: int | None = None
+    engine_adaptive_threads: bool = engine_default("adaptive_threads")  # fewer threads while cores are busy
     # Tenancy and request size limits (docs/rate_limiting.md): limits file read by tensorrt_llm at load time.
     limits_file: Path | None = None
     tenant_header: str = "x-tenant-id"

@@ -31,6 +31,9 @@ class EngineConfig:
     enable_kv_cache_reuse: bool = True  # prefix caching: reuse the KV blocks of a shared prompt prefix
     device: str = "auto"  # "cpu", "cuda", "cuda:N", or "auto": CUDA when torch sees a GPU
     num_threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
+    # On CPU, use up to num_threads per step, as many as measured fastest now (backend/engine/thread_governor.py):
+    # fewer when another process takes part of the cores. False: always num_threads.
+    adaptive_threads: bool = True
     # A waiting request gains one priority level per this many seconds waited; None: strict priority (the served
     # path takes it from the limits file's [global] priority_aging_s, backend/policy/tenants.py).
     priority_aging_s: float | None = None

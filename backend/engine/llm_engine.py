@@ -20,6 +20,7 @@ from backend.engine.scheduler import Scheduler
 from backend.engine.scheduler_output import SchedulerOutput
 from backend.engine.sequence import Emitted, FinishReason, Request, SeqStatus, Sequence
 from backend.engine.stats import EngineStats, StepSummary
+from backend.engine.thread_governor import ThreadGovernor
 from backend.errors import InvalidRequestError
 from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit
 from backend.model.features import DecoderFeatures
@@ -35,8 +36,8 @@ class LLMEngine:
     def __init__(self, ckpt_dir: Path, config: EngineConfig) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        log.info("%d torch threads, OMP_WAIT_POLICY=%s (backend/__init__.py)", torch.get_num_threads(),
-                 os.environ.get("OMP_WAIT_POLICY"))
+        log.info("%d torch threads, OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s (backend/__init__.py)",
+                 torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = cfg = load_model_config(ckpt_dir)
@@ -59,6 +60,9 @@ class LLMEngine:
                        if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)
+        # Sharded ranks run in their own processes with their own threads; CUDA steps do not use torch's CPU threads.
+        adaptive = config.adaptive_threads and model is not None and self.device.type == "cpu"
+        self.governor = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads) if adaptive else None
         self.sequences: dict[str, Sequence] = {}
         self.iterations = 0
         self.last_step = StepSummary()
@@ -133,14 +137,24 @@ class LLMEngine:
         if not batch:
             self.last_step = StepSummary()
             return []
+        inputs = self._step_inputs(batch)
+        began = self._govern(len(batch), len(inputs.tokens))
         try:
-            logits = self.runner.run(self._step_inputs(batch))
+            logits = self.runner.run(inputs)
         except Exception as exc:  # noqa: BLE001 -- the batch's requests fail; the engine and the others go on
             log.exception("model forward failed: failing the %d requests of this step", len(batch))
             return [self._fail(item.seq, f"model forward failed: {exc}") for item in batch]
         sampled = sample(logits, batch.sampling)
+        if self.governor is not None:
+            self.governor.end(time.perf_counter() - began)
         self._postprocess(batch)
         return self._emit(batch.sampling, sampled)
+
+    def _govern(self, sequences: int, tokens: int) -> float:
+        """Set this step's thread count (backend/engine/thread_governor.py); the time the step starts."""
+        if self.governor is not None:
+            self.governor.begin((sequences, tokens))
+        return time.perf_counter()
 
     def _step_inputs(self, batch: SchedulerOutput) -> StepInputs:
         """The model's view of the batch (token ids, positions, KV slots); stamps the step's bookkeeping."""

@@ -87,6 +87,7 @@ def engine_config(p: ModelParameters) -> EngineConfig:
         enable_kv_cache_reuse=p.flag("enable_kv_cache_reuse", engine_default("enable_kv_cache_reuse")),
         device=p.text("engine_device", engine_default("device")),
         num_threads=p.integer("engine_threads", None),
+        adaptive_threads=p.flag("engine_adaptive_threads", engine_default("adaptive_threads")),
     )
 
 

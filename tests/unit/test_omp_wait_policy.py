@@ -1,6 +1,6 @@
-"""backend/__init__.py's OpenMP wait policy: PASSIVE unless the environment chose one, a warning when it comes too late
-(torch loaded first), and every entry point that runs torch in-process imports backend before anything that could
-load torch."""
+"""backend/__init__.py's OpenMP wait policy: a bounded spin (PASSIVE + GOMP_SPINCOUNT) unless the environment chose
+a policy, a warning when it comes too late (torch loaded first), and every entry point that runs torch in-process
+imports backend before anything that could load torch."""
 from __future__ import annotations
 
 import os
@@ -18,19 +18,29 @@ TORCH_USERS = ("torch", "safetensors", "backend.engine", "backend.model", "build
 
 
 def run(code: str, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     return subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=True)
 
 
-def test_importing_backend_defaults_to_passive():
-    done = run("import os, backend; print(os.environ['OMP_WAIT_POLICY'])")
-    assert done.stdout.strip() == "PASSIVE" and "too late" not in done.stderr
+POLICY = "import os, backend; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
 
 
-def test_the_environment_wins():
-    assert run("import os, backend; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE").stdout.strip() \
-        == "ACTIVE"
+def test_importing_backend_defaults_to_a_bounded_spin():
+    done = run(POLICY)
+    assert done.stdout.split() == ["PASSIVE", "20000"] and "too late" not in done.stderr
+
+
+@pytest.mark.parametrize("env, expected", [({"OMP_WAIT_POLICY": "ACTIVE"}, ["ACTIVE", "None"]),
+                                           ({"OMP_WAIT_POLICY": "PASSIVE"}, ["PASSIVE", "None"]),
+                                           ({"GOMP_SPINCOUNT": "0"}, ["None", "0"])])
+def test_the_environment_wins(env, expected):
+    assert run(POLICY, **env).stdout.split() == expected
+
+
+def test_the_test_process_keeps_threads_sleeping():
+    assert run("import os, tests; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+               ).stdout.split() == ["PASSIVE", "None"]
 
 
 def test_torch_first_is_reported():
@@ -56,4 +66,4 @@ def test_entry_points_import_backend_before_torch(path):
     first = next((i for i, n in enumerate(names) if n == "backend" or n.startswith("backend.")), None)
     assert first is not None, f"{path.name} never imports backend"
     early = [n for n in names[:first] if n.split(".")[0] not in HARMLESS]
-    assert not early, f"{path.name} imports {early} before backend (OMP_WAIT_POLICY would come too late)"
+    assert not early, f"{path.name} imports {early} before backend (the OpenMP wait policy would come too late)"

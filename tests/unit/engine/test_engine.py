@@ -3,6 +3,7 @@ in-flight batching, chunked prefill and small KV blocks; stopping, abort, admiss
 from __future__ import annotations
 
 import pytest
+import torch
 
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import FinishReason, Request
@@ -183,3 +184,19 @@ def test_kv_plan_takes_the_smallest_limit(tiny_ckpt_dir):
     with pytest.raises(ValueError, match="less than one max_seq_len"):
         plan_kv_cache(model, engine, free_bytes=10 * per_token)
 
+
+
+def test_thread_count_changes_between_steps_keep_greedy_equal_to_hf(make_engine, prompts, hf_greedy):
+    """The governor (backend/engine/thread_governor.py) probes 1 thread among steps at 2: tokens stay HF's."""
+    previous = torch.get_num_threads()
+    try:
+        engine = make_engine(num_threads=2)
+        applied = []
+        engine.governor.set_threads = lambda n: (applied.append(n), torch.set_num_threads(n))
+        requests = greedy_requests(prompts([7, 7], engine.vocab_size, seed=2), [40, 40])
+        assert engine.generate(requests) == {r.request_id: hf_greedy(r.prompt_ids, r.sampling.max_tokens)
+                                             for r in requests}
+        assert 1 in applied and 2 in applied, applied  # a probe ran
+        assert make_engine(num_threads=2, adaptive_threads=False).governor is None
+    finally:
+        torch.set_num_threads(previous)

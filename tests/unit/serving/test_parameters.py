@@ -41,16 +41,16 @@ def test_explicit_values_are_parsed():
         "gpt_model_path": "/ckpt", "max_batch_size": "8", "max_num_tokens": "512", "max_input_len": "256",
         "max_seq_len": "512", "tokens_per_block": "16", "max_tokens_in_paged_kv_cache": "4096",
         "batch_scheduler_policy": "max_utilization", "enable_chunked_context": "False", "engine_device": "cpu",
-        "engine_threads": "2", "exclude_input_in_output": "no", "cancellation_check_period_ms": "250",
+        "engine_threads": "2", "engine_adaptive_threads": "false", "exclude_input_in_output": "no", "cancellation_check_period_ms": "250",
     }))
     assert cfg.engine == EngineConfig(max_batch_size=8, max_num_tokens=512, max_input_len=256, max_seq_len=512,
                                       tokens_per_block=16, max_tokens_in_paged_kv_cache=4096,
                                       policy=SchedulerPolicy.MAX_UTILIZATION, enable_chunked_context=False,
-                                      device="cpu", num_threads=2)
+                                      device="cpu", num_threads=2, adaptive_threads=False)
     assert cfg.exclude_input_in_output is False and cfg.cancellation_check_period_s == 0.25
 
 
-@pytest.mark.parametrize("name", ["enable_chunked_context", "exclude_input_in_output"])
+@pytest.mark.parametrize("name", ["enable_chunked_context", "exclude_input_in_output", "engine_adaptive_threads"])
 @pytest.mark.parametrize("value", ["maybe", "2", "on!"])
 def test_bad_booleans_are_refused(name, value):
     with pytest.raises(ValueError, match=f"parameter {name} must be true or false, got '{re.escape(value)}'"):
