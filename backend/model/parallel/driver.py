@@ -72,6 +72,7 @@ class ParallelModelRunner:
             broadcast_step(inputs, self.device)
             return self.model.execute(inputs)
         except (RuntimeError, OSError) as exc:  # a rank died or timed out mid-step: fail fast from now on
+            self._await_an_exit(1.0)
             self._broken = f"step failed: {exc}; workers: {self._worker_states()}"
             self._stop_workers(grace_s=0.0)
             raise RuntimeError(f"the parallel engine is down ({self._broken}); reload the model") from exc
@@ -110,6 +111,13 @@ class ParallelModelRunner:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
+
+    def _await_an_exit(self, timeout_s: float) -> None:
+        """A killed rank's sockets close before its exit can be reaped: rank 0 sees the reset first. Wait briefly
+        for a worker to have exited, so the error names the dead rank (a fresh-clone CI run read 'running')."""
+        deadline = time.monotonic() + timeout_s
+        while all(w.poll() is None for w in self.workers) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _worker_states(self) -> str:
         states = []
