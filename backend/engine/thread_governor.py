@@ -31,6 +31,7 @@ def thread_levels(max_threads: int) -> list[int]:
 @dataclass
 class _Probe:
     shape: Shape
+    candidate: int  # the thread count tried against the current one
     schedule: list[int]  # thread count of each probe step, alternating candidate / current
     times: dict[int, list[float]] = field(default_factory=dict)
 
@@ -56,7 +57,7 @@ class ThreadGovernor:
         if self.probe is not None and self.probe.shape != shape:
             self.probe = None  # the batch changed mid-probe: not comparable; try again at the next step
         if self.probe is None and self.steps >= self.next_probe and len(self.levels) > 1:
-            self.probe = _Probe(shape, self._schedule())
+            self.probe = self._start_probe(shape)
         threads = self.probe.schedule[0] if self.probe is not None else self.current
         if threads != self.applied:
             self.set_threads(threads)
@@ -69,19 +70,18 @@ class ThreadGovernor:
             return
         probe.times.setdefault(probe.schedule.pop(0), []).append(seconds)
         if not probe.schedule:
-            self._decide(probe.times)
+            self._decide(probe.candidate, probe.times)
             self.probe = None
 
-    def _schedule(self) -> list[int]:
+    def _start_probe(self, shape: Shape) -> _Probe:
         i = self.levels.index(self.current)
         neighbours = [self.levels[j] for j in (i - 1, i + 1) if 0 <= j < len(self.levels)]
         self._upward = not self._upward
         candidate = neighbours[-1] if self._upward else neighbours[0]
-        return [candidate, self.current] * self.probe_steps
+        return _Probe(shape, candidate, [candidate, self.current] * self.probe_steps)
 
-    def _decide(self, times: dict[int, list[float]]) -> None:
-        (candidate, tried), (_, current) = sorted(times.items(), key=lambda kv: kv[0] == self.current)
-        if statistics.median(tried) < statistics.median(current) * (1 - self.margin):
+    def _decide(self, candidate: int, times: dict[int, list[float]]) -> None:
+        if statistics.median(times[candidate]) < statistics.median(times[self.current]) * (1 - self.margin):
             self.current, self.period = candidate, self.min_period
             self.switches += 1
         else:

@@ -185,7 +185,6 @@ def test_kv_plan_takes_the_smallest_limit(tiny_ckpt_dir):
         plan_kv_cache(model, engine, free_bytes=10 * per_token)
 
 
-
 def test_thread_count_changes_between_steps_keep_greedy_equal_to_hf(make_engine, prompts, hf_greedy):
     """The governor (backend/engine/thread_governor.py) probes 1 thread among steps at 2: tokens stay HF's."""
     previous = torch.get_num_threads()
