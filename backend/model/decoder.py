@@ -31,7 +31,8 @@ class AttentionMetadata:
     context_slots: torch.Tensor  # (B, L) cache slot of each context position, padded with 0
     masks: dict[int | None, torch.Tensor]  # window (None: full) -> (B, 1, Q, L) bool: query may attend to key
     cos: torch.Tensor  # (T, rotary_dim) rotary cos at each token's position, activations' dtype
-    sin: torch.Tensor  # (T, rotary_dim)
+    sin_signed: torch.Tensor  # (T, rotary_dim) rotary sin, first half negated (rotate-half's sign folded in)
+    decode_only: bool = False  # every sequence has one new token (Q == 1, T == B): no padded query layout needed
 
 
 class RMSNorm(nn.Module):
@@ -52,14 +53,21 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (T, heads, head_dim); cos/sin (T, rot) broadcast over heads. The first rot channels are rotated GPT-NeoX
-    style (halves swapped inside them), the rest pass through (partial rotary)."""
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """(T, rot) sin -> [-sin[:half], sin[half:]]: rotate_half(x) * sin == swap_halves(x) * signed_sin(sin) bit for
+    bit ((-a) * b == a * (-b) in IEEE arithmetic), one negation per step instead of one per layer."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x (T, heads, head_dim); cos/sin_signed (T, rot) broadcast over heads. The first rot channels are rotated
+    GPT-NeoX style (halves swapped inside them), the rest pass through (partial rotary)."""
     rot = cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     half = rot // 2
-    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-    out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
+    swapped = torch.cat((x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    out = x_rot * cos[:, None, :] + swapped * sin_signed[:, None, :]
     return out if x_pass.shape[-1] == 0 else torch.cat((out, x_pass), dim=-1)
 
 
@@ -97,26 +105,34 @@ class Attention(nn.Module):
         else:
             self.q_layernorm = self.k_layernorm = None
 
+    def _rotated_qk(self, qk: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """qk (T, n_heads + n_kv, d) -> q (T, n_heads, d), k (T, n_kv, d), rotary applied. Without q/k norms both
+        rotate in one call (the same cos/sin per token): half the element-wise ops of a layer's rotary."""
+        if self.q_layernorm is None:
+            qk = apply_rotary(qk, meta.cos, meta.sin_signed)
+            return qk[:, :self.n_heads], qk[:, self.n_heads:]
+        q, k = self.q_layernorm(qk[:, :self.n_heads]), self.k_layernorm(qk[:, self.n_heads:])
+        return apply_rotary(q, meta.cos, meta.sin_signed), apply_rotary(k, meta.cos, meta.sin_signed)
+
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         # x (T, hidden); k_cache/v_cache (slots, n_kv, head_dim)
-        T, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv(x).split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
-        q, k = q.view(T, self.n_heads, d), k.view(T, self.n_kv, d)
-        if self.q_layernorm is not None:
-            q, k = self.q_layernorm(q), self.k_layernorm(k)
-        q, k = apply_rotary(q, meta.cos, meta.sin), apply_rotary(k, meta.cos, meta.sin)
+        T, d, H, KV = x.shape[0], self.head_dim, self.n_heads, self.n_kv
+        qkv = self.qkv(x)  # (T, (H + 2 KV) * d): q heads, k heads, v heads
+        q, k = self._rotated_qk(qkv[:, :(H + KV) * d].view(T, H + KV, d), meta)  # (T, H, d), (T, KV, d)
+        v = qkv[:, (H + KV) * d:].view(T, KV, d)
         k_cache[meta.slot_mapping] = k
-        v_cache[meta.slot_mapping] = v.view(T, self.n_kv, d)
+        v_cache[meta.slot_mapping] = v
 
         B, Q = meta.query_index.shape
-        q_pad = q[meta.query_index].transpose(1, 2)  # (B, n_heads, Q, head_dim)
+        # (B, n_heads, Q, head_dim): a decode step's T tokens are its B sequences already
+        q_pad = (q.view(B, 1, self.n_heads, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
         k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2)  # (B, n_kv, L, head_dim)
         v_ctx = gather(v_cache, meta.context_slots).transpose(1, 2)
         out = attend(q_pad, k_ctx, v_ctx, meta.masks[self.window], self.scale, self.softcap)
-        out = out.transpose(1, 2).reshape(B * Q, self.n_heads * d)[meta.query_flat]  # (T, heads*dim)
-        return self.dense(out)
+        out = out.transpose(1, 2).reshape(B * Q, self.n_heads * d)
+        return self.dense(out if meta.decode_only else out[meta.query_flat])  # (T, heads*dim) in token order
 
 
 _ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}

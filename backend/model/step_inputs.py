@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.model.decoder import AttentionMetadata
+from backend.model.decoder import AttentionMetadata, signed_sin
 from backend.model.rotary import RotaryEmbedding
 
 _HEADER = 3  # T, B, L
@@ -93,7 +93,8 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
         context_slots=ctx_slots.to(device),
         masks=masks,
         cos=cos.to(dtype),
-        sin=sin.to(dtype),
+        sin_signed=signed_sin(sin.to(dtype)),
+        decode_only=Q == 1 and inputs.tokens.numel() == B,
     )
     logits_index = (first + q_len - 1)[inputs.sampled.bool()]  # the last new token of each sequence that samples
     return inputs.tokens.to(device), meta, logits_index.to(device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from backend.model.decoder import signed_sin
 from backend.model.rope import RopeSpec
 from backend.model.rotary import RotaryEmbedding
 from backend.model.step_inputs import StepInputs, step_tensors
@@ -34,8 +35,9 @@ def test_step_tensors_layout():
     assert meta.slot_mapping.tolist() == [4, 5, 6, 19]  # positions 4..6 of sequence 0, position 9 of sequence 1
     assert meta.query_index.tolist() == [[0, 1, 2], [3, 0, 0]]
     assert logits_index.tolist() == [3]  # only the decode samples
-    want_cos, _ = ROTARY.cos_sin(torch.tensor([4, 5, 6, 9]), torch.tensor([7] * 4), torch.tensor([7] * 4))
-    assert torch.equal(meta.cos, want_cos)
+    want_cos, want_sin = ROTARY.cos_sin(torch.tensor([4, 5, 6, 9]), torch.tensor([7] * 4), torch.tensor([7] * 4))
+    assert torch.equal(meta.cos, want_cos) and torch.equal(meta.sin_signed, signed_sin(want_sin))
+    assert not meta.decode_only  # a 3-token chunk: queries need the padded (B, Q) layout
     full, window = meta.masks[None], meta.masks[3]
     assert full[1, 0, 0].tolist() == [True] * 10  # the decode at position 9 sees all 10 context positions
     assert full[0, 0, 0].tolist() == [True] * 5 + [False] * 5  # position 4 sees 0..4
@@ -51,3 +53,10 @@ def test_context_starting_past_a_released_window():
     _, meta, _ = step_tensors(inputs, ROTARY, {4}, torch.float32, torch.device("cpu"))
     assert meta.slot_mapping.tolist() == [43]
     assert meta.masks[4][0, 0, 0].tolist() == [True] * 4  # positions 6..9, the window of 9
+
+
+def test_a_step_of_single_tokens_is_decode_only():
+    inputs = StepInputs.of(tokens=torch.tensor([5, 6]), start=torch.tensor([3, 7]), end=torch.tensor([4, 8]),
+                           sampled=torch.tensor([1, 1]), context_slots=torch.arange(16).view(2, 8))
+    _, meta, _ = step_tensors(inputs, ROTARY, {None}, torch.float32, torch.device("cpu"))
+    assert meta.decode_only and meta.query_index.shape == (2, 1)
