@@ -15,6 +15,9 @@ KServe path TTFT is first response - send and ITL = (last response - first respo
 """
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (transformers loads it)
+
+# isort: split
 import argparse
 import json
 import os

@@ -13,8 +13,10 @@ from tests.unit.import_rules import ROOT, imports_of, module_name
 
 # What may be imported before backend: none of these loads torch (tritonllm_env only puts our packages on sys.path).
 HARMLESS = set(sys.stdlib_module_names) | {"__future__", "numpy", "triton_python_backend_utils", "tritonllm_env"}
-# A perf script that imports one of these runs torch in-process (bench_engine and engine_load: perf's own engine runs).
-TORCH_USERS = ("torch", "safetensors", "backend.engine", "backend.model", "build_engines", "bench_engine", "engine_load")
+# A perf script that imports one of these runs torch in-process (bench_engine and engine_load: perf's own engine runs;
+# transformers imports torch even for a tokenizer).
+TORCH_USERS = ("torch", "safetensors", "transformers", "backend.engine", "backend.model", "build_engines",
+               "bench_engine", "engine_load")
 
 
 def run(code: str, **env: str) -> subprocess.CompletedProcess:
