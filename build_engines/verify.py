@@ -18,7 +18,7 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
-from backend.model.decoder import AttentionMetadata, DecoderLayer
+from backend.model.decoder import AttentionMetadata, DecoderLayer, signed_sin
 from backend.model.rotary import RotaryEmbedding
 
 
@@ -87,7 +87,7 @@ class _PrefillLayer(torch.nn.Module):
         cos, sin = rotary.cos_sin(idx, torch.full((tokens,), tokens), torch.full((tokens,), tokens))
         self.meta = AttentionMetadata(
             slot_mapping=idx, query_index=idx[None], query_flat=idx, context_slots=idx[None],
-            masks={att.window: causal[None, None]}, cos=cos, sin=sin)
+            masks={att.window: causal[None, None]}, cos=cos, sin_signed=signed_sin(sin))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k_cache = torch.zeros(self.kv_shape, dtype=x.dtype)
