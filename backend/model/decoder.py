@@ -122,8 +122,8 @@ class Attention(nn.Module):
         qkv = self.qkv(x)  # (T, (H + 2 KV) * d): q heads, k heads, v heads
         q, k = self._rotated_qk(qkv[:, :(H + KV) * d].view(T, H + KV, d), meta)  # (T, H, d), (T, KV, d)
         v = qkv[:, (H + KV) * d:].view(T, KV, d)
-        k_cache[meta.slot_mapping] = k
-        v_cache[meta.slot_mapping] = v
+        k_cache.index_copy_(0, meta.slot_mapping, k)  # cheaper than k_cache[slot_mapping] = k (no index_put_)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
 
         B, Q = meta.query_index.shape
         # (B, n_heads, Q, head_dim): a decode step's T tokens are its B sequences already

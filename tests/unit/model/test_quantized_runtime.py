@@ -141,6 +141,9 @@ def test_fp8_kv_pool_round_trip():
     assert back.dtype == torch.float32
     assert ((back - kv).abs() <= kv.abs() / 16 + scale * 2 ** -10).all()
     assert pool[torch.tensor([1])].abs().max() == 0  # untouched slots read zero
+    copied = Fp8KVPool((10, 2, 8), scale, torch.float32, CPU)
+    copied.index_copy_(0, slots, kv)  # the write attention uses: the same bytes as pool[slots] = kv
+    assert torch.equal(copied.data.view(torch.uint8), pool.data.view(torch.uint8))
 
 
 def test_fp8_kv_cache_stores_one_byte_per_value_and_runs(quantized_tiny, tiny_ckpt_dir):
