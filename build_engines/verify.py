@@ -18,8 +18,9 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
-from backend.model.decoder import AttentionMetadata, DecoderLayer, signed_sin
+from backend.model.decoder import DecoderLayer
 from backend.model.rotary import RotaryEmbedding
+from backend.model.step_inputs import StepInputs, step_tensors
 
 
 @dataclass(frozen=True)
@@ -80,14 +81,11 @@ class _PrefillLayer(torch.nn.Module):
         self.layer = layer
         att = layer.attention
         self.kv_shape = (tokens, att.n_kv, att.head_dim)
+        # the engine's own builder, for one sequence of `tokens` new tokens in slots 0..T-1 (its ids are unused)
         idx = torch.arange(tokens)
-        causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
-        if att.window is not None:  # keys p - W < k <= p
-            causal &= ~torch.ones(tokens, tokens, dtype=torch.bool).tril(-att.window)
-        cos, sin = rotary.cos_sin(idx, torch.full((tokens,), tokens), torch.full((tokens,), tokens))
-        self.meta = AttentionMetadata(
-            slot_mapping=idx, query_index=idx[None], query_flat=idx, context_slots=idx[None],
-            masks={att.window: causal[None, None]}, cos=cos, sin_signed=signed_sin(sin))
+        one = torch.ones(1, dtype=torch.long)
+        inputs = StepInputs.of(idx, 0 * one, tokens * one, one, idx[None])
+        _, self.meta, _ = step_tensors(inputs, rotary, {att.window}, torch.float32, torch.device("cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k_cache = torch.zeros(self.kv_shape, dtype=x.dtype)

@@ -33,7 +33,8 @@ def probe(engine_dir: Path, batch: int, threads: int, compiled_kernel: str | Non
     # The engine catches a failed forward itself and fails the step's requests with the error as their message.
     errors = [out.error for _ in range(2) for out in compiled.step() if out.error]
     if errors:
-        print(f"batch {batch}: compiling failed after {time.perf_counter() - began:.1f} s: {' '.join(errors[0].splitlines()[:2])}")
+        first_lines = " ".join(errors[0].splitlines()[:2])
+        print(f"batch {batch}: compiling failed after {time.perf_counter() - began:.1f} s: {first_lines}")
         return
     print(f"batch {batch}: compile and two steps {time.perf_counter() - began:.1f} s")
     for _ in range(3):

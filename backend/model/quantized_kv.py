@@ -1,8 +1,8 @@
 """The paged KV pools a runner allocates per layer: float tensors, or FP8 pools when the checkpoint's KV cache is
 FP8 (its attentions then hold kv_cache_scaling_factor, see backend/model/quantized_linear.py).
 
-An Fp8KVPool indexes like the float pool Attention writes and reads (pool.index_copy_(0, slots, kv) or
-pool[slots] = kv; pool.index_select(0, slots)), so the model code is the same for both: writes store kv / scale as
+An Fp8KVPool indexes like the float pool Attention writes and reads (pool.index_copy_(0, slots, kv);
+pool.index_select(0, slots)), so the model code is the same for both: writes store kv / scale as
 float8_e4m3fn (saturated at +-448), reads return the stored values times scale in the activations' dtype. One scale
 per layer serves K and V alike (TRT-LLM's kv_cache_scaling_factor)."""
 from __future__ import annotations
@@ -18,9 +18,6 @@ class Fp8KVPool:
         self.data = torch.zeros(shape, dtype=FP8, device=device)  # (slots, n_kv, head_dim)
         self.scale = scale.to(device=device, dtype=torch.float32)
         self.dtype = dtype
-
-    def __setitem__(self, index: torch.Tensor, value: torch.Tensor) -> None:
-        self.data[index] = to_fp8(value, self.scale)
 
     def index_copy_(self, dim: int, index: torch.Tensor, value: torch.Tensor) -> Fp8KVPool:
         # index_copy_ has no float8 kernel on CPU: copy the bytes

@@ -86,7 +86,7 @@ def test_gather_equals_advanced_indexing_for_float_and_fp8_pools():
     slots = torch.tensor([[3, 4, 5, 0], [40, 41, 0, 0]])
     torch.testing.assert_close(gather(cache, slots), cache[slots], rtol=0, atol=0)
     pool = Fp8KVPool((64, 2, 4), torch.tensor([0.5]), torch.float32, torch.device("cpu"))
-    pool[torch.arange(64)] = cache
+    pool.index_copy_(0, torch.arange(64), cache)
     torch.testing.assert_close(gather(pool, slots), pool[slots], rtol=0, atol=0)
 
 

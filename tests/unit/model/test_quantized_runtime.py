@@ -135,15 +135,12 @@ def test_fp8_kv_pool_round_trip():
     pool = Fp8KVPool((10, 2, 8), scale, torch.float32, CPU)
     kv = torch.randn(3, 2, 8).clamp(-4, 4)
     slots = torch.tensor([7, 0, 3])
-    pool[slots] = kv
+    pool.index_copy_(0, slots, kv)  # the write attention uses
     assert pool.data.dtype == torch.float8_e4m3fn
     back = pool[torch.tensor([[7, 0, 3]])][0]  # (1, 3, ...) gather, as attention reads its context slots
     assert back.dtype == torch.float32
     assert ((back - kv).abs() <= kv.abs() / 16 + scale * 2 ** -10).all()
     assert pool[torch.tensor([1])].abs().max() == 0  # untouched slots read zero
-    copied = Fp8KVPool((10, 2, 8), scale, torch.float32, CPU)
-    copied.index_copy_(0, slots, kv)  # the write attention uses: the same bytes as pool[slots] = kv
-    assert torch.equal(copied.data.view(torch.uint8), pool.data.view(torch.uint8))
 
 
 def test_fp8_kv_cache_stores_one_byte_per_value_and_runs(quantized_tiny, tiny_ckpt_dir):
