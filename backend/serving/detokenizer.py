@@ -32,29 +32,44 @@ def decode_text(tokenizer: Decoder, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def _complete(tokenizer: Decoder, ids: list[int]) -> str | None:
+class _Decodes:
+    """decode_text with each distinct id run decoded once: one decode_delta decodes its whole window up to three
+    times (the character-start probe, the settled text, the final text), a tokenizer call each."""
+
+    def __init__(self, tokenizer: Decoder) -> None:
+        self.tokenizer = tokenizer
+        self.seen: dict[tuple[int, ...], str] = {}
+
+    def __call__(self, ids: list[int]) -> str:
+        key = tuple(ids)
+        if key not in self.seen:
+            self.seen[key] = decode_text(self.tokenizer, key)
+        return self.seen[key]
+
+
+def _complete(decode: _Decodes, ids: list[int]) -> str | None:
     """The text of ids without the tokens of a trailing incomplete character; None if no cut ends cleanly.
 
     The incomplete character's tokens are dropped, not just its U+FFFD: a byte-fallback decoder (SentencePiece
     style) turns a whole run of byte tokens into U+FFFD when the run ends mid-character.
     """
     for cut in range(min(_MAX_PARTIAL_TOKENS, len(ids)) + 1):
-        text = decode_text(tokenizer, ids[: len(ids) - cut])
+        text = decode(ids[: len(ids) - cut])
         if not text.endswith(_REPLACEMENT):
             return text
     return None
 
 
-def _settled(tokenizer: Decoder, ids: list[int]) -> str:
+def _settled(decode: _Decodes, ids: list[int]) -> str:
     """The text of ids that more tokens cannot change."""
-    text = _complete(tokenizer, ids)
-    return text if text is not None else decode_text(tokenizer, ids).rstrip(_REPLACEMENT)  # invalid bytes
+    text = _complete(decode, ids)
+    return text if text is not None else decode(ids).rstrip(_REPLACEMENT)  # invalid bytes
 
 
-def _char_start(tokenizer: Decoder, ids: list[int], limit: int) -> int:
+def _char_start(decode: _Decodes, ids: list[int], limit: int) -> int:
     """The first index below limit where a character starts (its decode has no leading U+FFFD); 0 if none."""
     for start in range(min(limit, _MAX_PARTIAL_TOKENS + 1)):
-        text = _complete(tokenizer, ids[start:])
+        text = _complete(decode, ids[start:])
         if text is not None and not text.startswith(_REPLACEMENT):
             return start
     return 0
@@ -63,9 +78,10 @@ def _char_start(tokenizer: Decoder, ids: list[int], limit: int) -> int:
 def decode_delta(tokenizer: Decoder, context_ids: Sequence[int], new_ids: Sequence[int], final: bool) -> str:
     """The text that new_ids add after context_ids (see the module's invariant)."""
     ids = list(context_ids) + list(new_ids)
+    decode = _Decodes(tokenizer)
     # A context cut mid-character decodes its first bytes as U+FFFD (a byte-fallback decoder: its whole byte run).
-    start = _char_start(tokenizer, ids, len(context_ids))
-    before = _settled(tokenizer, ids[start : len(context_ids)])
-    after = decode_text(tokenizer, ids[start:]) if final else _settled(tokenizer, ids[start:])
+    start = _char_start(decode, ids, len(context_ids))
+    before = _settled(decode, ids[start : len(context_ids)])
+    after = decode(ids[start:]) if final else _settled(decode, ids[start:])
     # HF decoders are prefix-stable from a character start once a trailing partial character is set aside.
     return after[len(before) :]

@@ -56,8 +56,8 @@ def runs_torch(module: str) -> bool:
 def entry_points() -> list:
     """Scripts that run torch in-process (perf/*.py importing it, directly or through our packages), the Triton
     models, and the packages whose import must set the policy for what follows (build_engines, tests)."""
-    perf = [p for p in sorted((ROOT / "perf").glob("*.py"))
-            if any(runs_torch(name) for _, name, _ in imports_of(p.read_text(), module_name(p)))]
+    scripts = sorted([*(ROOT / "perf").glob("*.py"), *(ROOT / "perf" / "probes").glob("*.py")])
+    perf = [p for p in scripts if any(runs_torch(name) for _, name, _ in imports_of(p.read_text(), module_name(p)))]
     models = sorted((ROOT / "model_repository").glob("*/1/model.py"))
     return perf + models + [ROOT / "build_engines" / "__init__.py", ROOT / "tests" / "__init__.py"]
 

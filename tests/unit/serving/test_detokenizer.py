@@ -131,3 +131,24 @@ def test_sentencepiece_keeps_the_space_a_fresh_decode_would_strip(sentencepiece_
     split = next(i for i, t in enumerate(ids) if tok.convert_ids_to_tokens(t).startswith("▁") and i > 0)
     assert decode_text(tok, ids[split:]).startswith("w")  # a fresh decode drops the word's space
     assert decode_delta(tok, ids[:split], ids[split:], final=True) == " world"
+
+
+class CountingDecoder:
+    """A tokenizer whose decode calls are counted (each is a trip into the tokenizer, per streamed token)."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.calls = tok, 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.calls += 1
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_a_plain_token_costs_two_decodes_not_three(demo_tokenizer, final):
+    """The window decoded to find a character start is the one decoded for the text: once, not again."""
+    ids = demo_tokenizer.encode("def main(): return value", add_special_tokens=False)
+    counted = CountingDecoder(demo_tokenizer)
+    text = decode_delta(counted, ids[:-1], ids[-1:], final=final)
+    assert text == decode_delta(demo_tokenizer, ids[:-1], ids[-1:], final=final) != ""
+    assert counted.calls == 2  # the context alone, and the context with the new token
