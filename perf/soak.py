@@ -2,6 +2,7 @@
 bad requests mixed in; every outcome must be explained, and memory and the KV cache must return to idle.
 
     .venv/bin/python perf/soak.py --duration-s 600 --clients 32 --out perf/SOAK.md
+    .venv/bin/python perf/soak.py --duration-s 240 --rounds 4 --out perf/out/soak_rounds.md   # memory over rounds
 
 Starts `python -m ensembles serve` (the launcher, as in production) on free ports with a limits file of three
 tenants with API keys (premium; standard with max_concurrent 8; batch with 2 requests/s and max_concurrent 4), a
@@ -12,7 +13,10 @@ nobody issued), a non-streamed request (10 %). Outcomes:
 - cancelled: the client cancelled it; bad: the INVALID_ARG the bad request deserves;
 - failed: anything else (must be 0).
 Reported: counts, p50/p99 latency of served requests, time to first token, RSS of tritonserver + model processes
-and KV free blocks at idle before and after, and the load average (other users of the machine).
+and KV free blocks at idle before and after, and the load average (other users of the machine). With --rounds N the
+load runs N times back to back on the same server, idle in between, and the RSS of each process at idle after each
+round is reported: memory that settles is warm-up (the allocator and kernel caches keeping what a step once
+needed); memory that keeps rising round after round is a leak.
 Not a test: prints a table and writes a markdown report.
 """
 from __future__ import annotations
@@ -126,10 +130,25 @@ def client_loop(url: str, keys: dict[str, str], deadline: float, seed: int, tall
                   f"{kind} request as {tenant}: {error}")
 
 
-def _memory_mb(launcher: Launcher) -> float:
+def _process_label(proc: psutil.Process) -> str:
+    """tritonserver, or the model a Python backend stub runs (its model.py path names the model's folder)."""
+    for arg in proc.cmdline()[1:]:
+        parts = Path(arg).parts
+        if arg.endswith("model.py") and len(parts) >= 3:
+            return parts[-3]
+    return proc.name()
+
+
+def _memory_by_process_mb(launcher: Launcher) -> dict[str, float]:
+    """RSS (MiB) of tritonserver and each model process; several instances of one model add up."""
     server = launcher.server()
-    procs = [server] + server.children(recursive=True)
-    return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+    rss: Counter = Counter()
+    for proc in [server] + server.children(recursive=True):
+        try:
+            rss[_process_label(proc)] += proc.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            continue
+    return dict(rss)
 
 
 def _idle_kv(launcher: Launcher, timeout_s: float = 60.0) -> tuple[float | None, float | None]:
@@ -137,6 +156,32 @@ def _idle_kv(launcher: Launcher, timeout_s: float = 60.0) -> tuple[float | None,
     total = metrics.value(metrics.scrape(port), BLOCKS, kv_cache_block_type="max")
     free = metrics.wait_until(port, BLOCKS, lambda v: v == total, timeout_s, kv_cache_block_type="free")
     return free, total
+
+
+def _round(launcher: Launcher, keys: dict[str, str], args: argparse.Namespace, tally: Tally, loads: list[float],
+           seed: int) -> float:
+    """One round of --clients clients for --duration-s against the running server; its wall time (s)."""
+    deadline = time.monotonic() + args.duration_s
+    threads = [threading.Thread(target=client_loop, args=(launcher.grpc_url, keys, deadline, seed + i, tally))
+               for i in range(args.clients)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        time.sleep(15)
+        loads.append(os.getloadavg()[0])
+    return time.monotonic() - started
+
+
+def _memory_table(memory: list[dict[str, float]]) -> str:
+    """Per process, RSS at idle before the first round and after each round (MiB)."""
+    names = sorted(set().union(*memory), key=lambda n: -memory[0].get(n, 0.0))  # a restarted process is new
+    head = "| process | idle before | " + " | ".join(f"after round {i}" for i in range(1, len(memory))) + " |"
+    lines = [head, "|---" * (len(memory) + 1) + "|"]
+    for name in [*names, "total"]:
+        values = [sum(m.values()) if name == "total" else m.get(name, 0.0) for m in memory]
+        lines.append(f"| {name} | " + " | ".join(f"{v:.0f}" for v in values) + " |")
+    return "\n".join(lines)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -147,8 +192,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=600.0)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of --duration-s each on one server")
     parser.add_argument("--out", type=Path, default=Path("perf/SOAK.md"))
     args = parser.parse_args()
+    if args.rounds < 1 or args.clients < 1 or args.duration_s <= 0:
+        parser.error("--rounds and --clients must be >= 1 and --duration-s > 0")
     root = Path(tempfile.mkdtemp(prefix="tritonllm-soak-"))
     keys = {tenant: new_key() for tenant in TENANTS}
     (root / "limits.toml").write_text("\n".join(f'[tenants.{t}]\napi_key_sha256 = ["{key_hash(keys[t])}"]\n{extra}\n'
@@ -160,43 +208,41 @@ def main() -> int:
     try:
         load_before = os.getloadavg()
         idle_free, total = _idle_kv(launcher)
-        mem_before = _memory_mb(launcher)
-        tally, deadline = Tally(), time.monotonic() + args.duration_s
-        threads = [threading.Thread(target=client_loop, args=(launcher.grpc_url, keys, deadline, i, tally))
-                   for i in range(args.clients)]
-        started = time.monotonic()
-        for t in threads:
-            t.start()
-        loads = []
-        while any(t.is_alive() for t in threads):
-            time.sleep(15)
-            loads.append(os.getloadavg()[0])
-        elapsed = time.monotonic() - started
-        end_free, _ = _idle_kv(launcher)
-        mem_after = _memory_mb(launcher)
+        memory = [_memory_by_process_mb(launcher)]  # idle before, then after each round
+        tally, loads, elapsed, kv_free = Tally(), [], 0.0, []  # kv_free: idle free blocks after each round
+        for r in range(args.rounds):
+            elapsed += _round(launcher, keys, args, tally, loads, seed=r * args.clients)
+            kv_free.append(_idle_kv(launcher)[0])
+            memory.append(_memory_by_process_mb(launcher))
+            print(f"round {r + 1}/{args.rounds}: {dict(tally.outcomes)}, RSS {sum(memory[-1].values()):.0f} MiB",
+                  file=sys.stderr)
         load_after = os.getloadavg()
     finally:
         launcher.teardown()
-    rows = [("duration", f"{elapsed:.0f} s, {args.clients} clients on a running batch of {BATCH} "
-                         f"({args.clients / BATCH:g}x saturation)"),
+    mem_before, mem_after = sum(memory[0].values()), sum(memory[-1].values())
+    rows = [("duration", f"{elapsed:.0f} s in {args.rounds} round(s), {args.clients} clients on a running batch of "
+                         f"{BATCH} ({args.clients / BATCH:g}x saturation)"),
             *[(k, str(tally.outcomes[k])) for k in ("served", "refused", "cancelled", "bad", "failed")],
             ("served per second", f"{tally.outcomes['served'] / elapsed:.2f}"),
             ("latency p50 / p99 (served)", f"{_pct(tally.latencies, 50):.2f} s / {_pct(tally.latencies, 99):.2f} s"),
             ("TTFT p50 / p99 (streams)", f"{_pct(tally.ttfts, 50):.2f} s / {_pct(tally.ttfts, 99):.2f} s"),
             ("RSS server + model processes, idle before / after", f"{mem_before:.0f} MiB / {mem_after:.0f} MiB"),
-            ("KV free blocks idle before / after (of total)", f"{idle_free:.0f} / {end_free:.0f} (of {total:.0f})"),
+            ("KV free blocks idle before / after each round (of total)",
+             f"{idle_free:.0f} / {', '.join(f'{f:.0f}' for f in kv_free)} (of {total:.0f})"),
             ("load average before / during (median) / after",
              f"{load_before[0]:.2f} / {statistics.median(loads) if loads else float('nan'):.2f} / "
              f"{load_after[0]:.2f}")]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    command = f".venv/bin/python perf/soak.py --duration-s {args.duration_s:g} --clients {args.clients}"
+    command = (f".venv/bin/python perf/soak.py --duration-s {args.duration_s:g} --clients {args.clients} "
+               f"--rounds {args.rounds}")
     report = (f"# Soak run\n\n`{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the machine: "
-              f"{psutil.cpu_count()} cores, shared)\n\n| what | value |\n|---|---|\n{table}\n")
+              f"{psutil.cpu_count()} cores, shared)\n\n| what | value |\n|---|---|\n{table}\n\n"
+              f"RSS at idle (MiB), per process:\n\n{_memory_table(memory)}\n")
     if tally.unexplained:
         report += "\nUnexplained failures (first 10):\n\n" + "\n".join(f"- {e}" for e in tally.unexplained[:10]) + "\n"
     print(report)
     args.out.write_text(report)
-    return 0 if not tally.unexplained and end_free == total else 1
+    return 0 if not tally.unexplained and all(free == total for free in kv_free) else 1
 
 
 if __name__ == "__main__":
