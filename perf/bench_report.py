@@ -98,6 +98,20 @@ def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threa
     return server.start(ready_timeout_s=600, models=MODELS)
 
 
+def warm_engine(model: artifacts.ModelArtifacts, tok, args) -> LLMEngine:
+    """The in-process engine of the serving-overhead section, with the served engine's limits and threads, warm."""
+    engine = LLMEngine(model.engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **LIMITS))
+    closed_loop(engine, Workload.from_heldout(tok, 2, args.prompt_len, skip=500).ids, 2, 8, tag="warm")
+    return engine
+
+
+def warm_server(server: TritonServer, tok) -> None:
+    """The first requests of a fresh server load code lazily: two short ones to each target before measuring."""
+    warm = Workload.from_heldout(tok, 2, 16, skip=600).input_files(OUT, "warm", 8)
+    for target in ("ensemble", "tensorrt_llm"):
+        served(target, server, 2, warm[target], 2, 8, f"warm_{target}")
+
+
 def served(target: str, server: TritonServer, c: int, data: Path, n: int, max_tokens: int, tag: str,
            repeat: int = 0) -> Measurement:
     # No warm-up requests: like the in-process loop, all c streams start at once on an already warm server.
@@ -196,13 +210,10 @@ def measure(args) -> dict:
     results = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
                "command": " ".join([".venv/bin/python perf/bench_report.py", *sys.argv[1:]])}
     # Prefix cache off, as the first server; the same torch threads in-process, served, and for HF.
-    engine = LLMEngine(model.engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **LIMITS))
-    closed_loop(engine, Workload.from_heldout(tok, 2, args.prompt_len, skip=500).ids, 2, 8, tag="warm")
+    engine = warm_engine(model, tok, args)
     servers = {False: start_server(model, False, OUT, args.threads)}
     try:
-        warm = Workload.from_heldout(tok, 2, 16, skip=600).input_files(OUT, "warm", 8)
-        for target in ("ensemble", "tensorrt_llm"):  # the first requests of a fresh server load code lazily
-            served(target, servers[False], 2, warm[target], 2, 8, f"warm_{target}")
+        warm_server(servers[False], tok)
         results["overhead"] = [asdict(m) for m in overhead(servers[False], engine, tok, args)]
         loadavg["after_overhead"] = os.getloadavg()
         engine.close()

@@ -21,8 +21,6 @@ import bench_report as br  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from backend.engine.config import EngineConfig  # noqa: E402
-from backend.engine.llm_engine import LLMEngine  # noqa: E402
 from ensembles import artifacts  # noqa: E402
 
 
@@ -36,13 +34,10 @@ def main() -> None:
     br.OUT.mkdir(parents=True, exist_ok=True)
     model = artifacts.demo()
     tok = AutoTokenizer.from_pretrained(str(model.tokenizer_dir))
-    engine = LLMEngine(model.engine_dir, EngineConfig(device="cpu", num_threads=args.threads, **br.LIMITS))
-    br.closed_loop(engine, br.Workload.from_heldout(tok, 2, args.prompt_len, skip=500).ids, 2, 8, tag="warm")
+    engine = br.warm_engine(model, tok, args)
     server = br.start_server(model, False, br.OUT, args.threads)
     try:
-        warm = br.Workload.from_heldout(tok, 2, 16, skip=600).input_files(br.OUT, "warm", 8)
-        for target in ("ensemble", "tensorrt_llm"):
-            br.served(target, server, 2, warm[target], 2, 8, f"warm_{target}")
+        br.warm_server(server, tok)
         rows = br.overhead(server, engine, tok, args)
     finally:
         server.stop()

@@ -17,7 +17,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
 from backend.formats.checkpoint import TrtllmCheckpointConfig
-from backend.formats.fp8 import fake_quantize_fp8, quantize_fp8, scale_for
+from backend.formats.fp8 import fake_quantize_fp8, quantize_fp8, scale_for, to_fp8
 from backend.formats.int4 import dequantize, quantize_int4, unpack
 from backend.formats.int8 import dequantize_int8, quantize_int8
 from backend.model.config import kv_bytes_per_token, load_model_config
@@ -141,6 +141,8 @@ def test_fp8_kv_pool_round_trip():
     assert back.dtype == torch.float32
     assert ((back - kv).abs() <= kv.abs() / 16 + scale * 2 ** -10).all()
     assert pool[torch.tensor([1])].abs().max() == 0  # untouched slots read zero
+    # the byte copy (no float8 index_copy_ on CPU) stores exactly the float8 conversion of kv / scale
+    assert torch.equal(pool.data.view(torch.uint8)[slots], to_fp8(kv, scale).view(torch.uint8))
 
 
 def test_fp8_kv_cache_stores_one_byte_per_value_and_runs(quantized_tiny, tiny_ckpt_dir):
