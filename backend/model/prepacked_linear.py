@@ -9,10 +9,31 @@ their own kernels); the replaced modules keep no plain copy of the weight.
 """
 from __future__ import annotations
 
+import logging
+import os
+import re
+
 import torch
 from torch import nn
 
 LINEAR_KERNELS = ("auto", "torch", "onednn")
+log = logging.getLogger(__name__)
+
+
+def ideep_cache_unusable() -> str | None:
+    """Why the environment's LRU_CACHE_CAPACITY would crash torch's oneDNN linears (None: it would not).
+
+    ideep (torch's oneDNN layer) keeps its primitives in an LRU cache sized by LRU_CACHE_CAPACITY, read with C's
+    atoi: a value that reads as 0 ("0", "abc") makes the first oneDNN linear segfault (torch 2.13, measured:
+    exit 139; "-1" and "1" run). perf/SOAK.md: that cache and oneDNN's own hold the engine's per-row-count memory."""
+    value = os.environ.get("LRU_CACHE_CAPACITY")
+    if value is None:
+        return None
+    digits = re.match(r"\s*[+-]?\d+", value)  # what atoi reads
+    if digits is not None and int(digits.group()) != 0:
+        return None
+    return (f"LRU_CACHE_CAPACITY={value!r} in the environment crashes torch's oneDNN linears (ideep reads it as "
+            f"a cache of 0 primitives); unset it or set it to a positive number")
 
 
 def onednn_unavailable(device: torch.device | str, dtype: torch.dtype | None = None) -> str | None:
@@ -21,9 +42,12 @@ def onednn_unavailable(device: torch.device | str, dtype: torch.dtype | None = N
         return f"oneDNN prepacked linears run on CPU only, not on {device}"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return f"this torch build ({torch.__version__}) has no oneDNN (mkldnn) linear kernels"
+    if (unusable := ideep_cache_unusable()) is not None:
+        return unusable
     if dtype is not None and dtype != torch.float32:
         if dtype != torch.bfloat16 or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return f"oneDNN prepacked linears are used for float32 here (and bfloat16 on CPUs with native bf16), not {dtype}"
+            return (f"oneDNN prepacked linears are used for float32 here (and bfloat16 on CPUs with native bf16), "
+                    f"not {dtype}")
     return None
 
 
@@ -35,6 +59,8 @@ def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.
     if kernel == "onednn" and reason is not None:
         raise ValueError(f"linear_kernel 'onednn' is unavailable: {reason}")
     if kernel == "auto":
+        if reason is not None and reason == ideep_cache_unusable():
+            log.warning("linear_kernel 'auto' uses torch's linears (MKL), not oneDNN's: %s", reason)
         # bf16 on CPUs without native bf16 arithmetic is slow with any kernel; float32 is the fast dtype there.
         return "torch" if reason is not None or dtype != torch.float32 else "onednn"
     return kernel

@@ -2,6 +2,10 @@
 engine's greedy tokens equal HF's with either kernel, and every unusable choice refused with its reason."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,8 +15,15 @@ from backend.engine.config import EngineConfig
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
 from backend.model.decoder import gather
-from backend.model.prepacked_linear import PrepackedLinear, onednn_unavailable, prepack_linears, resolve_linear_kernel
+from backend.model.prepacked_linear import (
+    PrepackedLinear,
+    ideep_cache_unusable,
+    onednn_unavailable,
+    prepack_linears,
+    resolve_linear_kernel,
+)
 from backend.model.quantized_kv import Fp8KVPool
+from tests.unit.import_rules import ROOT
 
 needs_onednn = pytest.mark.skipif(onednn_unavailable("cpu") is not None, reason="torch without oneDNN")
 
@@ -96,3 +107,36 @@ def test_the_config_and_the_model_name_the_same_kernels():
     from backend.model import prepacked_linear
 
     assert config.LINEAR_KERNELS == prepacked_linear.LINEAR_KERNELS
+
+
+@pytest.mark.parametrize("value, crashes", [("0", True), ("abc", True), ("", True), (" 0", True), ("1024", False),
+                                            ("-1", False), (" 7x", False)])
+def test_an_lru_cache_capacity_that_reads_as_zero_is_refused(value, crashes, monkeypatch, caplog):
+    """ideep reads LRU_CACHE_CAPACITY with atoi; 0 primitives makes the first oneDNN linear segfault."""
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", value)
+    assert (ideep_cache_unusable() is not None) is crashes
+    if not crashes or onednn_unavailable("cpu", None) != ideep_cache_unusable():
+        return
+    assert resolve_linear_kernel("auto", "cpu", torch.float32) == "torch"
+    assert f"LRU_CACHE_CAPACITY={value!r}" in caplog.text
+    with pytest.raises(ValueError, match="'onednn' is unavailable: LRU_CACHE_CAPACITY"):
+        resolve_linear_kernel("onednn", "cpu", torch.float32)
+
+
+LINEAR = ("import backend, torch\n"
+          "from backend.model.prepacked_linear import PrepackedLinear, resolve_linear_kernel\n"
+          "lin, x = torch.nn.Linear(8, 8), torch.randn(3, 8)\n")
+
+
+def run_with_lru_zero(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", LINEAR + code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "LRU_CACHE_CAPACITY": "0"})
+
+
+@needs_onednn
+def test_the_refusal_is_still_needed_and_auto_serves_without_crashing():
+    """The premise, against the torch installed: a oneDNN linear under LRU_CACHE_CAPACITY=0 dies of SIGSEGV (if a
+    torch fixes it, this fails: drop the refusal); "auto" picks torch's linears there and runs."""
+    assert run_with_lru_zero("PrepackedLinear.of(lin)(x)").returncode == -11
+    done = run_with_lru_zero("k = resolve_linear_kernel('auto', 'cpu', torch.float32); print(k, tuple(lin(x).shape))")
+    assert done.returncode == 0 and done.stdout.split() == ["torch", "(3,", "8)"]
