@@ -61,22 +61,26 @@ class Sample:
     trimmed: float  # MiB of RSS malloc_trim(0) gave back
 
 
-def heap_in_use_mib() -> float:
-    """glibc's bytes in use over all arenas plus its mmapped chunks (after a garbage collection), MiB."""
+def heap_mib() -> tuple[float, float]:
+    """After a garbage collection, glibc's (bytes in use over all arenas plus its mmapped chunks, bytes it holds
+    free), MiB: one mallinfo2 read."""
     gc.collect()
     info = _libc.mallinfo2()
-    return (info.uordblks + info.hblkhd) / MIB
+    return (info.uordblks + info.hblkhd) / MIB, info.fordblks / MIB
+
+
+def heap_in_use_mib() -> float:
+    return heap_mib()[0]
 
 
 def sample(trim: bool) -> Sample:
-    heap_used = heap_in_use_mib()
+    heap_used, heap_free = heap_mib()
     rss = psutil.Process().memory_info().rss / MIB
-    info = _libc.mallinfo2()
     trimmed = 0.0
     if trim:
         _libc.malloc_trim(0)
         trimmed = rss - psutil.Process().memory_info().rss / MIB
-    return Sample(rss, tracemalloc.get_traced_memory()[0] / MIB, heap_used, info.fordblks / MIB, trimmed)
+    return Sample(rss, tracemalloc.get_traced_memory()[0] / MIB, heap_used, heap_free, trimmed)
 
 
 def run_round(engine: LLMEngine, prompts: list[tuple[int, ...]], rng: random.Random, tag: str, count: int,
