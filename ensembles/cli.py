@@ -10,6 +10,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from backend.serving.cpu_placement import CpuSplit, parse_cpu_list
 from ensembles import artifacts
 from ensembles.render import REPO_ROOT, RepoSpec, render
 from ensembles.server import ServerOptions
@@ -21,7 +22,7 @@ DEFAULT_REPO_OUT = REPO_ROOT / "build" / "model_repository"
 _TUNABLE = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
             "max_tokens_in_paged_kv_cache", "batch_scheduler_policy", "engine_device", "engine_threads",
             "engine_adaptive_threads", "exclude_input_in_output", "enable_kv_cache_reuse", "tenant_header",
-            "max_prompt_bytes", "decoupled_mode", "logits_datatype", "stop_by_request_id")
+            "max_prompt_bytes", "decoupled_mode", "logits_datatype", "stop_by_request_id", "engine_cpus")
 
 
 
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = ServerOptions(repo, args.triton_http_port, args.grpc_port, args.metrics_port, args.log_verbose,
                              admin_key=admin_key(args.admin_key), tenant_header=tenant_header,
-                             model_control_mode="explicit" if args.canary else "none", http_address=LOOPBACK)
+                             model_control_mode="explicit" if args.canary else "none", http_address=LOOPBACK,
+                             cpus=server_cpus_of(repo))
         front = FrontOptions(http_port=args.http_port, openai_port=None if args.no_openai else args.openai_port,
                              tokenizer_dir=args.tokenizer_dir or tokenizer_dir_of(repo), chat_template=args.chat_template,
                              limits_file=args.limits_file or limits_file_of(repo),
@@ -185,6 +187,15 @@ def _rendered_parameter(repo: Path, model: str, key: str) -> Path | None:
         return None
     match = re.search(r'key: "' + key + r'" value: \{ string_value: "([^"]*)" \}', config.read_text())
     return Path(match.group(1)) if match and match.group(1) else None
+
+
+def server_cpus_of(repo: Path) -> frozenset[int] | None:
+    """The CPUs left to tritonserver when the repository's engine has CPUs of its own (engine_cpus), else None."""
+    engine = _rendered_parameter(repo, "tensorrt_llm", "engine_cpus")
+    if engine is None:
+        return None
+    cpus = parse_cpu_list(str(engine))
+    return CpuSplit(cpus, frozenset(os.sched_getaffinity(0)) - cpus).rest
 
 
 def tokenizer_dir_of(repo: Path) -> Path | None:

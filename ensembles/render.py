@@ -9,6 +9,7 @@ from pathlib import Path
 
 from backend.engine.config import engine_default
 from backend.policy.tenants import load_limits
+from backend.serving.cpu_placement import CpuSplit, format_cpu_list, split_cpus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
@@ -48,6 +49,9 @@ class RepoSpec:
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: CUDA when present
     engine_threads: int | None = None
     engine_adaptive_threads: bool = engine_default("adaptive_threads")  # fewer threads while cores are busy
+    # CPUs of the engine's step thread, tritonserver kept off them (backend/serving/cpu_placement.py): "" none,
+    # "auto" the last engine_threads CPUs when there are more, or a CPU list ("1", "2-3"); rendered as a list.
+    engine_cpus: str = ""
     # Tenancy and request size limits (docs/rate_limiting.md): limits file read by tensorrt_llm at load time.
     limits_file: Path | None = None
     tenant_header: str = "x-tenant-id"
@@ -73,10 +77,17 @@ class RepoSpec:
             raise ValueError(f"tokenizer_dir {self.tokenizer_dir} holds no tokenizer files")
         if self.limits_file is not None:
             load_limits(self.limits_file)  # a bad limits file fails here, naming the key, not at model load
+        self.cpu_split()  # a bad engine_cpus fails here, naming it
+
+    def cpu_split(self) -> CpuSplit | None:
+        return split_cpus(self.engine_cpus, self.engine_threads)
 
     def placeholders(self) -> dict[str, str]:
-        values = {}
+        split = self.cpu_split()
+        values = {"engine_cpus": format_cpu_list(split.engine) if split else ""}
         for key, value in asdict(self).items():
+            if key in values:
+                continue
             if isinstance(value, bool):
                 values[key] = "true" if value else "false"
             elif value is None:

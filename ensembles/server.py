@@ -45,8 +45,13 @@ class ServerOptions:
     tenant_header: str | None = "x-tenant-id"
     # "explicit": models are loaded/unloaded through the model-control API (canary versions); all load at start.
     model_control_mode: str = "none"
+    # CPUs tritonserver (and so every model process it starts) runs on; None: the launcher's. The engine model's
+    # step thread moves itself to its engine_cpus (backend/serving/cpu_placement.py).
+    cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
+        if self.cpus is not None and not self.cpus:
+            raise ValueError("cpus must name at least one CPU for tritonserver (None: the launcher's)")
         if self.model_control_mode not in ("none", "explicit"):
             raise ValueError(f"model_control_mode must be none or explicit, got {self.model_control_mode!r}")
         ports = (self.http_port, self.grpc_port, self.metrics_port)
@@ -134,6 +139,14 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
     return cmd + security_args(opts) + list(opts.extra_args)
 
 
+def launch(install: TritonInstall, opts: ServerOptions, env: dict[str, str], **popen) -> subprocess.Popen:
+    """tritonserver as a child in a session of its own (stopped as a group), on opts.cpus when given: the processes
+    it starts (every model's stub) inherit them."""
+    cpus = opts.cpus
+    return subprocess.Popen(server_command(install, opts), env=env, start_new_session=True,
+                            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus), **popen)
+
+
 ADMIN_HEADER = "x-admin-key"  # HTTP header; gRPC clients send it as GRPC_ADMIN_HEADER (Triton adds a prefix)
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
 RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
@@ -183,8 +196,7 @@ class TritonServer:
 
     def start(self, ready_timeout_s: float = 300.0, models: tuple[str, ...] = ()) -> "TritonServer":
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(server_command(self.install, self.opts), env=server_env(self.install),
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = launch(self.install, self.opts, server_env(self.install), stdout=out, stderr=subprocess.STDOUT)
         try:
             self._wait_ready(ready_timeout_s, models)
         except Exception:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from backend.serving.lifecycle import CONTROL_DIR_ENV, ControlDir, ServerPhase
 from ensembles.health import HealthServer, triton_ready
-from ensembles.server import ServerOptions, TritonInstall, find_tritonserver, server_command, server_env
+from ensembles.server import ServerOptions, TritonInstall, find_tritonserver, launch, server_env
 from ensembles.stack import FrontProcess
 from ensembles.stub_watch import StubWatch
 
@@ -147,7 +147,7 @@ class Supervisor:
         self.control.set_phase(ServerPhase("serving"))
         self.control.clear_inflight()
         env = {**server_env(self.install), CONTROL_DIR_ENV: str(self.control.path)}
-        self.proc = subprocess.Popen(server_command(self.install, self.opts), env=env, start_new_session=True)
+        self.proc = launch(self.install, self.opts, env)
         self._set("starting", f"tritonserver (pid {self.proc.pid}) is loading its models")
         deadline = time.monotonic() + self.sup.ready_timeout_s
         while time.monotonic() < deadline and not self.signals:

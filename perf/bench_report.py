@@ -89,12 +89,17 @@ class Workload:
         return files
 
 
-def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threads: int) -> TritonServer:
+def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threads: int,
+                 engine_cpus: str = "") -> TritonServer:
+    """engine_cpus: RepoSpec.engine_cpus ("auto": the engine's step thread on CPUs of its own, tritonserver on the
+    others; backend/serving/cpu_placement.py)."""
     spec = RepoSpec(engine_dir=model.engine_dir, tokenizer_dir=model.tokenizer_dir, enable_kv_cache_reuse=reuse,
-                    engine_threads=threads, **LIMITS)
+                    engine_threads=threads, engine_cpus=engine_cpus, **LIMITS)
     repo = render(spec, root / f"repo-reuse-{reuse}")
     http, grpc, metrics = free_ports(3)
-    server = TritonServer(ServerOptions(repo, http, grpc, metrics), log_path=root / f"tritonserver-reuse-{reuse}.log")
+    split = spec.cpu_split()
+    server = TritonServer(ServerOptions(repo, http, grpc, metrics, cpus=split.rest if split else None),
+                          log_path=root / f"tritonserver-reuse-{reuse}.log")
     return server.start(ready_timeout_s=600, models=MODELS)
 
 

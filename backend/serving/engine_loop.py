@@ -1,7 +1,8 @@
 """The engine's own thread: requests come in through a queue, outputs go out through each request's sink.
 
 The Triton model (or any caller) never touches the engine directly: submit(), cancel() and shutdown() only
-enqueue commands, so the engine is driven by exactly one thread and needs no locks.
+enqueue commands, so the engine is driven by exactly one thread and needs no locks. That thread can be given CPUs
+of its own (engine_cpus, backend/serving/cpu_placement.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sequence import Request
 from backend.engine.stats import EngineStats
 from backend.errors import InvalidRequestError
+from backend.serving.cpu_placement import format_cpu_list, pin_calling_thread
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ _WAKE = object()  # no command: only makes an idle loop go round once (and publi
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, cancel_check_period_s: float = 0.1,
-                 on_stats: Callable[[EngineStats], None] | None = None, stats_period_s: float = 0.2) -> None:
+                 on_stats: Callable[[EngineStats], None] | None = None, stats_period_s: float = 0.2,
+                 cpus: frozenset[int] | None = None) -> None:
         self.engine = engine
         self.cancel_check_period_s = cancel_check_period_s
         self.on_stats = on_stats
@@ -64,8 +67,12 @@ class EngineLoop:
         self._last_cancel_check = 0.0
         self._inflight = 0  # submitted and not yet ended (any way); read by other threads
         self._inflight_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="tritonllm-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(cpus,), name="tritonllm-engine", daemon=True)
+        self._pinned: queue.SimpleQueue = queue.SimpleQueue()  # the thread's placement: None, or why it failed
         self._thread.start()
+        if (error := self._pinned.get()) is not None:
+            self._thread.join()
+            raise ValueError(f"engine_cpus {format_cpu_list(cpus)}: cannot run the engine thread there: {error}")
 
     def submit(self, request: Request, sink: OutputSink) -> None:
         self._count(+1)
@@ -95,7 +102,14 @@ class EngineLoop:
         self._inbox.put(_STOP)
         self._thread.join(timeout)
 
-    def _run(self) -> None:
+    def _run(self, cpus: frozenset[int] | None) -> None:
+        try:
+            if cpus is not None:  # before the first step: the OpenMP threads it starts inherit these CPUs
+                pin_calling_thread(cpus)
+        except OSError as exc:
+            self._pinned.put(exc)
+            return
+        self._pinned.put(None)
         while True:
             idle = not self.engine.has_work()
             self._publish_stats(force=idle)

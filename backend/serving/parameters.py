@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from backend.engine.config import EngineConfig, SchedulerPolicy, engine_default
 from backend.policy.request_context import TenancyConfig
+from backend.serving.cpu_placement import check_engine_threads, parse_cpu_list
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
@@ -107,11 +108,16 @@ class ServingConfig:
     # Unsafe (the anchor's behaviour): a `stop` without request_key ends the requests of its Triton request id,
     # which any client can send. Off: stop needs the request's request_key.
     stop_by_request_id: bool = False
+    # CPUs the engine's step thread (and its OpenMP threads) runs on; None: anywhere. The launcher keeps
+    # tritonserver off them (backend/serving/cpu_placement.py).
+    engine_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.cancellation_check_period_s > 0:
             raise ValueError("cancellation_check_period_ms must be a positive number of milliseconds, got "
                              f"{self.cancellation_check_period_s * 1000:g}")
+        if self.engine_cpus is not None:
+            check_engine_threads(self.engine_cpus, self.engine.num_threads)
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "ServingConfig":
@@ -124,6 +130,7 @@ class ServingConfig:
             tenancy=TenancyConfig(limits_file=p.path("limits_file"),
                                   tenant_header=p.text("tenant_header", TenancyConfig.tenant_header)),
             stop_by_request_id=p.flag("stop_by_request_id", False),
+            engine_cpus=parse_cpu_list(p.text("engine_cpus")) if p.has("engine_cpus") else None,
         )
 
 

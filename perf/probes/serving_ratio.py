@@ -3,6 +3,13 @@ settings (demo model, 128 + 128 tokens, engine at 1 thread in-process and served
 streaming), without the rest of `make bench`. A measurement, not a test.
 
     .venv/bin/python perf/probes/serving_ratio.py --concurrency 16 --repeats 3   # needs `make perf-tools`
+
+--pin process puts the served engine's process (the tensorrt_llm stub, every thread) alone on CPU 0 and
+tritonserver, the other stubs, perf_analyzer and this process (the in-process engine, run while the server idles) on
+CPU 1; --pin thread puts only the stub's busiest thread after the warm-up (the engine loop's) on CPU 0;
+--pin engine-only that thread alone, nothing else moved (these three from outside, by psutil, after the start).
+--pin engine-cpus is what the product does (RepoSpec engine_cpus "auto": the engine's step thread pins itself,
+tritonserver starts on the other CPU; backend/serving/cpu_placement.py).
 """
 from __future__ import annotations
 
@@ -18,16 +25,73 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_report as br  # noqa: E402
+import psutil  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from ensembles import artifacts  # noqa: E402
+from ensembles.stub_watch import STUB_BINARY  # noqa: E402
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` (threads started later inherit their creator's CPUs)."""
+    for thread in psutil.Process(pid).threads():
+        os.sched_setaffinity(thread.id, cpus)
+
+
+def thread_times(pid: int) -> dict[int, float]:
+    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+
+
+def busiest_thread(process: psutil.Process, warm) -> int:
+    """The thread of `process` that used the most CPU while `warm()` ran (the engine loop's, not the stub's main
+    thread, which loaded the model)."""
+    before = thread_times(process.pid)
+    warm()
+    after = thread_times(process.pid)
+    return max(after, key=lambda tid: after[tid] - before.get(tid, 0.0))
+
+
+def pin_engine_thread_only(server_pid: int, warm, engine_model: str = "tensorrt_llm") -> None:
+    """Only the engine loop's thread on CPU 0; every other thread anywhere may run on both CPUs."""
+    for child in psutil.Process(server_pid).children(recursive=True):
+        cmdline = child.cmdline()
+        stub = child.name().startswith(STUB_BINARY[:15]) and len(cmdline) > 1
+        if stub and Path(cmdline[1]).parts[-3] == engine_model:
+            busiest = busiest_thread(child, warm)
+            os.sched_setaffinity(busiest, {0})
+            print(f"pinned thread {busiest} of {engine_model} (pid {child.pid}) to CPU 0, nothing else",
+                  file=sys.stderr)
+
+
+def pin_server(server_pid: int, only_busiest_thread: bool, warm, engine_model: str = "tensorrt_llm") -> None:
+    """The engine's stub (or only its busiest thread while `warm()` runs) on CPU 0; tritonserver, the other stubs
+    and this process on CPU 1."""
+    pin(server_pid, {1})
+    pin(os.getpid(), {1})
+    for child in psutil.Process(server_pid).children(recursive=True):
+        cmdline = child.cmdline()
+        if not child.name().startswith(STUB_BINARY[:15]) or len(cmdline) < 2:
+            pin(child.pid, {1})
+            continue
+        alone = Path(cmdline[1]).parts[-3] == engine_model  # <repo>/<model>/<version>/model.py
+        pin(child.pid, {1} if only_busiest_thread or not alone else {0})
+        if alone and only_busiest_thread:
+            busiest = busiest_thread(child, warm)
+            os.sched_setaffinity(busiest, {0})
+            print(f"pinned thread {busiest} of {engine_model} (pid {child.pid}) to CPU 0, the rest to CPU 1",
+                  file=sys.stderr)
+        else:
+            print(f"pinned {Path(cmdline[1]).parts[-3]} (pid {child.pid}) to CPU {0 if alone else 1}",
+                  file=sys.stderr)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pin", choices=("process", "thread", "engine-only", "engine-cpus"),
+                        help="where the served engine runs (module docstring)")
     args = parser.parse_args()
     args.requests_per_stream, args.prompt_len, args.new_tokens, args.threads = 2, 128, 128, 1
     torch.set_num_threads(args.threads)
@@ -35,9 +99,15 @@ def main() -> None:
     model = artifacts.demo()
     tok = AutoTokenizer.from_pretrained(str(model.tokenizer_dir))
     engine = br.warm_engine(model, tok, args)
-    server = br.start_server(model, False, br.OUT, args.threads)
+    server = br.start_server(model, False, br.OUT, args.threads, "auto" if args.pin == "engine-cpus" else "")
     try:
         br.warm_server(server, tok)
+        if args.pin == "engine-cpus":  # perf_analyzer and the in-process engine where tritonserver runs
+            pin(os.getpid(), server.opts.cpus)
+        elif args.pin == "engine-only":
+            pin_engine_thread_only(server.proc.pid, warm=lambda: br.warm_server(server, tok))
+        elif args.pin in ("process", "thread"):
+            pin_server(server.proc.pid, args.pin == "thread", warm=lambda: br.warm_server(server, tok))
         rows = br.overhead(server, engine, tok, args)
     finally:
         server.stop()

@@ -133,7 +133,8 @@ class TritonPythonModel:
         self.cancel_watch = CancelWatch(self.serving.cancellation_check_period_s,
                                         run=lambda poll: self.sends.submit(poll, _ignore))
         self.loop = EngineLoop(self.engine, self.serving.cancellation_check_period_s,
-                               on_stats=lambda stats: self.sends.submit(lambda: self._publish(stats), _ignore))
+                               on_stats=lambda stats: self.sends.submit(lambda: self._publish(stats), _ignore),
+                               cpus=self.serving.engine_cpus)
         # request_key -> its engine request ids, for `stop`; Triton request id -> request_key only where the unsafe
         # stop_by_request_id parameter allows stopping by request id.
         self.by_key = {}

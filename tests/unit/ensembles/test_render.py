@@ -2,10 +2,12 @@
 that has them; tensorrt_llm_bls is rendered beside the ensemble."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ensembles.canary_render import render_canary
-from ensembles.cli import _parser
+from ensembles.cli import _parser, server_cpus_of
 from ensembles.render import RepoSpec, render
 
 
@@ -37,3 +39,31 @@ def test_cli_takes_decoupled_mode():
     assert args.decoupled_mode is False and args.stop_by_request_id is True
     with pytest.raises(SystemExit):
         _parser().parse_args(["render", "--decoupled-mode", "maybe"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_engine_cpus_auto_renders_a_list_and_the_launcher_keeps_tritonserver_off_it(fake_model, tmp_path):
+    engine, tokenizer = fake_model
+    usable = os.sched_getaffinity(0)
+    repo = render(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, engine_threads=1, engine_cpus="auto"),
+                  tmp_path / "repo")
+    llm = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert f'"engine_cpus" value: {{ string_value: "{max(usable)}" }}' in llm
+    assert server_cpus_of(repo) == usable - {max(usable)}
+    plain = render(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer), tmp_path / "plain")
+    assert '"engine_cpus" value: { string_value: "" }' in (plain / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert server_cpus_of(plain) is None
+
+
+@pytest.mark.parametrize(("cpus", "threads", "message"), [
+    ("auto", None, "engine_cpus auto needs engine_threads"),
+    ("zero", 1, "engine_cpus must be a CPU list"),
+    ("4096", 1, "names CPUs 4096 this process may not use"),
+])
+def test_bad_engine_cpus_fail_at_render(fake_model, cpus, threads, message):
+    with pytest.raises(ValueError, match=message):
+        RepoSpec(engine_dir=fake_model[0], tokenizer_dir=fake_model[1], engine_threads=threads, engine_cpus=cpus)
+
+
+def test_cli_takes_engine_cpus():
+    assert _parser().parse_args(["serve", "--demo", "--engine-cpus", "auto"]).engine_cpus == "auto"

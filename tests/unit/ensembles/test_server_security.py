@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ensembles.server import ServerOptions, TritonInstall, server_command
 
 
@@ -35,3 +37,8 @@ def test_cli_admin_key_given_or_generated_and_printed(capsys, monkeypatch):
     monkeypatch.setenv("TRITONLLM_ADMIN_KEY", "from-env")
     args = cli._parser().parse_args(["serve", "--demo", "--limits-file", "l.toml"])
     assert args.admin_key == "from-env" and str(args.limits_file) == "l.toml"
+
+
+def test_no_cpus_for_tritonserver_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="cpus must name at least one CPU"):
+        ServerOptions(tmp_path, 8000, 8001, 8002, cpus=frozenset())

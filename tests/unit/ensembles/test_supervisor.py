@@ -38,9 +38,9 @@ def fake(tmp_path, monkeypatch):
     (tmp_path / "repo").mkdir()
     made = []
 
-    def make(**sup) -> tuple[Supervisor, dict]:
+    def make(cpus: frozenset[int] | None = None, **sup) -> tuple[Supervisor, dict]:
         http, grpc, metrics, health = free_ports(4)
-        opts = ServerOptions(tmp_path / "repo", http, grpc, metrics)
+        opts = ServerOptions(tmp_path / "repo", http, grpc, metrics, cpus=cpus)
         supervisor = Supervisor(opts, SupervisorOptions(poll_s=0.1, health_port=health, **sup),
                                 TritonInstall(binary=wrapper, backend_dir=None))
         result: dict = {}
@@ -60,6 +60,20 @@ def fake(tmp_path, monkeypatch):
 def _stub(supervisor: Supervisor, model: str) -> psutil.Process:
     return next(p for p in psutil.Process(supervisor.proc.pid).children(recursive=True)
                 if f"/{model}/1/model.py" in " ".join(p.cmdline()))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_tritonserver_and_its_model_processes_start_on_the_cpus_left_to_them(fake):
+    """ServerOptions.cpus (the CPUs engine_cpus leaves, backend/serving/cpu_placement.py): the server and every
+    process it starts run there; this process keeps its own."""
+    mine = os.sched_getaffinity(0)
+    rest = frozenset({min(mine)})
+    supervisor, _ = fake(cpus=rest)
+    server = psutil.Process(supervisor.proc.pid)
+    processes = [server, *server.children(recursive=True)]
+    assert len(processes) >= 3  # the wrapper's server and its two model processes
+    assert all(set(p.cpu_affinity()) == rest for p in processes)
+    assert os.sched_getaffinity(0) == mine
 
 
 def test_a_dead_model_process_restarts_the_server(fake):

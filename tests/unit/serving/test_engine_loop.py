@@ -1,6 +1,7 @@
 """EngineLoop: the engine's own thread, fed through submit/cancel/shutdown, results out through sinks."""
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -182,3 +183,22 @@ def test_inflight_counts_requests_until_they_end_and_fail_all_ends_the_rest(loop
     loop.submit(Request("bad", p1, SamplingParams(max_tokens=10_000)), refused)  # over max_seq_len: refused
     assert isinstance(refused.collect()[1], InvalidRequestError)
     assert loop.inflight == 0
+
+
+def test_the_engine_thread_runs_on_its_cpus_and_the_caller_keeps_its_own(engine):
+    """engine_cpus: the loop's thread pins itself before its first step (backend/serving/cpu_placement.py)."""
+    caller = os.sched_getaffinity(0)
+    mine = frozenset({max(caller)})
+    seen: queue.Queue = queue.Queue()
+    loop = EngineLoop(engine, on_stats=lambda stats: seen.put(os.sched_getaffinity(0)), cpus=mine)
+    try:
+        assert seen.get(timeout=TIMEOUT_S) == mine
+        assert os.sched_getaffinity(0) == caller
+    finally:
+        loop.shutdown()
+
+
+def test_cpus_the_thread_cannot_run_on_fail_the_loop_at_start(engine):
+    missing = frozenset({os.cpu_count() + 7})
+    with pytest.raises(ValueError, match=f"engine_cpus {min(missing)}: cannot run the engine thread there"):
+        EngineLoop(engine, cpus=missing)
