@@ -92,9 +92,10 @@ class Workload:
         return files
 
 
-def pin_process(cpus: set[int]) -> None:
-    """Every thread of this process (tokenizers' pool too) on `cpus`; children started later inherit them."""
-    for thread in psutil.Process().threads():
+def pin_process(cpus: set[int], pid: int | None = None) -> None:
+    """Every thread of process `pid` (default: this one, tokenizers' pool too) on `cpus`; threads and children
+    started later inherit their creator's CPUs."""
+    for thread in psutil.Process(pid).threads():
         os.sched_setaffinity(thread.id, cpus)
 
 

@@ -33,12 +33,6 @@ from ensembles import artifacts  # noqa: E402
 from ensembles.stub_watch import STUB_BINARY  # noqa: E402
 
 
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of `pid` (threads started later inherit their creator's CPUs)."""
-    for thread in psutil.Process(pid).threads():
-        os.sched_setaffinity(thread.id, cpus)
-
-
 def thread_times(pid: int) -> dict[int, float]:
     return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
 
@@ -67,15 +61,15 @@ def pin_engine_thread_only(server_pid: int, warm, engine_model: str = "tensorrt_
 def pin_server(server_pid: int, only_busiest_thread: bool, warm, engine_model: str = "tensorrt_llm") -> None:
     """The engine's stub (or only its busiest thread while `warm()` runs) on CPU 0; tritonserver, the other stubs
     and this process on CPU 1."""
-    pin(server_pid, {1})
-    pin(os.getpid(), {1})
+    br.pin_process({1}, server_pid)
+    br.pin_process({1})
     for child in psutil.Process(server_pid).children(recursive=True):
         cmdline = child.cmdline()
         if not child.name().startswith(STUB_BINARY[:15]) or len(cmdline) < 2:
-            pin(child.pid, {1})
+            br.pin_process({1}, child.pid)
             continue
         alone = Path(cmdline[1]).parts[-3] == engine_model  # <repo>/<model>/<version>/model.py
-        pin(child.pid, {1} if only_busiest_thread or not alone else {0})
+        br.pin_process({1} if only_busiest_thread or not alone else {0}, child.pid)
         if alone and only_busiest_thread:
             busiest = busiest_thread(child, warm)
             os.sched_setaffinity(busiest, {0})
@@ -103,7 +97,7 @@ def main() -> None:
     try:
         br.warm_server(server, tok)
         if args.pin == "engine-cpus":  # perf_analyzer and the in-process engine where tritonserver runs
-            pin(os.getpid(), server.opts.cpus)
+            br.pin_process(server.opts.cpus)
         elif args.pin == "engine-only":
             pin_engine_thread_only(server.proc.pid, warm=lambda: br.warm_server(server, tok))
         elif args.pin in ("process", "thread"):
