@@ -109,9 +109,12 @@ def fill_template(text: str, values: dict[str, str], source: Path) -> str:
 
 def env_module(python_paths: tuple[str, ...]) -> str:
     """tritonllm_env.py: the Python backend's embedded interpreter ignores PYTHONPATH, so each model imports this
-    first to see the project and its virtualenv (site.addsitedir also reads the .pth of an editable install)."""
-    lines = ['"""Rendered by ensembles/render.py: makes tritonllm importable in the Python backend."""', "import site",
-             "import sys", ""]
+    first to see the project and its virtualenv (site.addsitedir also reads the .pth of an editable install).
+    It also turns on faulthandler (PYTHONFAULTHANDLER is ignored too): a model process that dies on a fatal signal
+    (SIGSEGV; SIGABRT from glibc's heap checks) writes every thread's Python stack to the server log first."""
+    lines = ['"""Rendered by ensembles/render.py: makes tritonllm importable in the Python backend, and has a model',
+             'process that dies on a fatal signal write its threads\' Python stacks to the server log."""',
+             "import faulthandler", "import site", "import sys", "", "faulthandler.enable(all_threads=True)", ""]
     for path in python_paths:
         lines.append(f"site.addsitedir({path!r})")
         lines.append(f"if {path!r} not in sys.path:\n    sys.path.insert(0, {path!r})")

@@ -29,6 +29,7 @@ from tests.integration import metrics
 from tests.integration.anchor_calls import index_of
 from tests.integration.conftest import _free_ports
 from tests.integration.launcher import wait_for
+from tests.integration.stub_deaths import StubDeaths, StubDied
 from tests.integration.trtllm_direct import stream_infer, tensor
 
 STREAMS = 16
@@ -50,17 +51,21 @@ def canary(demo, tmp_path_factory):
                        log_path=root / "tritonserver.log")
     srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
     control = CanaryController(ControlOptions(srv.http_url, repo, admin_key=ADMIN_KEY, drain_s=0.5))
-    yield srv, control
+    deaths = StubDeaths(srv.proc.pid)  # a model process that dies fails the test at once, naming it (no hang)
+    yield srv, control, deaths
+    deaths.close()
     control.close()
     srv.stop()
     log = (root / "tritonserver.log").read_text(errors="replace")
+    assert not deaths.died, f"{deaths.died}; log: {log[-4000:]}"
     assert "Segmentation fault" not in log and "Traceback" not in log, log[-4000:]
 
 
 class Stream:
     """One gRPC stream sending requests one after another; each returns its versions seen, or raises its error."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, deaths: StubDeaths) -> None:
+        self.deaths = deaths
         self.client = grpcclient.InferenceServerClient(url)
         self.responses: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
@@ -74,7 +79,7 @@ class Stream:
                                        enable_empty_final_response=True)
         versions = []
         while True:
-            result, error = self.responses.get(timeout=120)
+            result, error = self.deaths.get(self.responses, timeout_s=120)
             if error is not None:
                 raise error
             if result.as_numpy("served_version") is not None:
@@ -83,14 +88,15 @@ class Stream:
                 return versions
 
     def close(self) -> None:
-        self.client.stop_stream()
+        # A request of a dead model process never ends, nor would a stream waiting for it: cancel it then.
+        self.client.stop_stream(cancel_requests=bool(self.deaths.died))
         self.client.close()
 
 
-def _served(url: str, count: int, **kwargs) -> collections.Counter:
+def _served(url: str, deaths: StubDeaths, count: int, **kwargs) -> collections.Counter:
     """Versions serving `count` requests sent over STREAMS concurrent streams."""
     def run(n: int) -> list[int]:
-        stream = Stream(url)
+        stream = Stream(url, deaths)
         try:
             return [stream.generate(**kwargs)[-1] for _ in range(n)]
         finally:
@@ -104,15 +110,15 @@ def _served(url: str, count: int, **kwargs) -> collections.Counter:
 class Load:
     """STREAMS streams generating (streamed, a few tokens) until stopped; counts completed and failed requests."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.stop_event = url, threading.Event()
+    def __init__(self, url: str, deaths: StubDeaths) -> None:
+        self.url, self.deaths, self.stop_event = url, deaths, threading.Event()
         self.done: collections.Counter = collections.Counter()
         self.failures: list[str] = []
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(STREAMS)]
 
     def _run(self) -> None:
-        stream = Stream(self.url)
+        stream = Stream(self.url, self.deaths)
         try:
             while not self.stop_event.is_set():
                 try:
@@ -123,6 +129,8 @@ class Load:
                 except Exception as exc:  # noqa: BLE001 -- every failure is counted and reported
                     with self.lock:
                         self.failures.append(repr(exc))
+                    if isinstance(exc, StubDied):
+                        return
         finally:
             stream.close()
 
@@ -137,8 +145,8 @@ class Load:
             t.join(timeout=120)
 
 
-def _pin_error(srv, **kwargs) -> InferenceServerException:
-    stream = Stream(srv.grpc_url)
+def _pin_error(srv, deaths: StubDeaths, **kwargs) -> InferenceServerException:
+    stream = Stream(srv.grpc_url, deaths)
     try:
         with pytest.raises(InferenceServerException) as info:
             stream.generate(**kwargs)
@@ -148,8 +156,8 @@ def _pin_error(srv, **kwargs) -> InferenceServerException:
 
 
 def test_starts_serving_version_1_with_the_anchor_outputs(canary):
-    srv, control = canary
-    stream = Stream(srv.grpc_url)
+    srv, control, deaths = canary
+    stream = Stream(srv.grpc_url, deaths)
     try:
         assert stream.generate(max_tokens=2) == [1]
     finally:
@@ -159,7 +167,7 @@ def test_starts_serving_version_1_with_the_anchor_outputs(canary):
 
 def test_several_sequences_and_rows_all_arrive_through_the_router(canary):
     """The router ends a forwarded request after one final response per row and returned sequence."""
-    srv, _ = canary
+    srv, _, _ = canary
     inputs = {"text_input": np.array([[b"def "], [b"import "]], dtype=object),
               "max_tokens": np.array([[3], [3]], dtype=np.int32),
               "num_return_sequences": np.array([[2], [1]], dtype=np.int32),
@@ -172,9 +180,9 @@ def test_several_sequences_and_rows_all_arrive_through_the_router(canary):
 
 
 def test_pinned_unknown_version_is_invalid_arg(canary):
-    srv, _ = canary
+    srv, _, deaths = canary
     for kwargs in ({"pin_version": np.array([[7]], dtype=np.int32)}, {"parameters": {"model_version": 7}}):
-        assert "model_version 7 is not served; served versions: [1]" in _pin_error(srv, **kwargs).message()
+        assert "model_version 7 is not served; served versions: [1]" in _pin_error(srv, deaths, **kwargs).message()
     # HTTP generate: JSON fields that are not inputs become request parameters; 400 is Triton's INVALID_ARG.
     for extra in ({"pin_version": 7}, {"model_version": 7}):
         resp = requests.post(f"http://{srv.http_url}/v2/models/ensemble/generate",
@@ -186,7 +194,7 @@ def test_pinned_unknown_version_is_invalid_arg(canary):
 
 
 def test_cli_refuses_unknown_version_and_bad_weight(canary, capsys):
-    srv, control = canary
+    srv, control, _ = canary
     base = ["--url", srv.http_url, "--model-repository", str(control.opts.model_repository)]
     assert canary_main(base + ["status"]) == 2  # model control is behind the admin key
     assert "server refused" in capsys.readouterr().err
@@ -202,19 +210,19 @@ def test_cli_refuses_unknown_version_and_bad_weight(canary, capsys):
 
 
 def test_weighted_split_within_3_points_and_sticky_keys(canary, capsys):
-    srv, control = canary
+    srv, control, deaths = canary
     control.start(version=2, weight=30)
     assert control.status()["loaded"] == [1, 2]
-    counts = _served(srv.grpc_url, 1000)
+    counts = _served(srv.grpc_url, deaths, 1000)
     assert sum(counts.values()) == 1000
     assert abs(counts[2] / 1000 - 0.30) <= 0.03, counts
     keys = [f"session-{i}" for i in range(40)]
-    first = {k: v for k, v in zip(keys, _first_versions(srv, keys))}
+    first = {k: v for k, v in zip(keys, _first_versions(srv, deaths, keys))}
     for _ in range(3):
-        assert dict(zip(keys, _first_versions(srv, keys))) == first
+        assert dict(zip(keys, _first_versions(srv, deaths, keys))) == first
     assert set(first.values()) == {1, 2}, first  # 40 keys at 70/30: both versions get some
     for _ in range(3):  # a request parameter is a key too (Triton passes request parameters down the ensemble)
-        assert _first_versions(srv, keys[:8], as_parameter=True) == [first[k] for k in keys[:8]]
+        assert _first_versions(srv, deaths, keys[:8], as_parameter=True) == [first[k] for k in keys[:8]]
     assert canary_main(["--url", srv.http_url, "--model-repository", str(control.opts.model_repository),
                         "--admin-key", ADMIN_KEY, "compare",
                         "--metrics-url", f"http://localhost:{srv.opts.metrics_port}/metrics"]) in (0, 3, 4)
@@ -224,8 +232,8 @@ def test_weighted_split_within_3_points_and_sticky_keys(canary, capsys):
         print(f"\nsplit over 1000 requests at 70/30: {dict(counts)}\ncanary compare: {report}")
 
 
-def _first_versions(srv, keys: list[str], as_parameter: bool = False) -> list[int]:
-    stream = Stream(srv.grpc_url)
+def _first_versions(srv, deaths: StubDeaths, keys: list[str], as_parameter: bool = False) -> list[int]:
+    stream = Stream(srv.grpc_url, deaths)
     try:
         if as_parameter:
             return [stream.generate(parameters={"session_id": k})[-1] for k in keys]
@@ -238,7 +246,7 @@ def test_cancelled_streams_stop_on_the_version_serving_them(canary):
     """postprocessing sends `stop` (by request_key) to the router, which forwards it to the serving version: the
     forwarded requests end within seconds, where their 1,900 tokens each would take far longer (8 x 1,900 tokens
     in 5 s is over twice the fastest rate measured here, perf/RESULTS.md)."""
-    srv, control = canary
+    srv, control, _ = canary
     port = srv.opts.metrics_port
     assert control.table().canary == 2  # two versions serve, 70/30
     got_tokens = threading.Semaphore(0)
@@ -268,8 +276,8 @@ def test_cancelled_streams_stop_on_the_version_serving_them(canary):
 
 
 def test_promote_under_load_fails_no_request(canary):
-    srv, control = canary
-    with Load(srv.grpc_url) as load:
+    srv, control, deaths = canary
+    with Load(srv.grpc_url, deaths) as load:
         control.set_weight(50)
         _wait_for_requests(load, 2, 20)
         control.promote()
@@ -280,12 +288,12 @@ def test_promote_under_load_fails_no_request(canary):
     assert control.status()["loaded"] == [2] and control.table().stable == 2
     config = (control.opts.model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "versions: [ 2 ]" in config  # a restarted server loads the version the table routes to
-    assert _served(srv.grpc_url, 32) == {2: 32}
+    assert _served(srv.grpc_url, deaths, 32) == {2: 32}
 
 
 def test_rollback_under_load_fails_no_request(canary):
-    srv, control = canary
-    with Load(srv.grpc_url) as load:
+    srv, control, deaths = canary
+    with Load(srv.grpc_url, deaths) as load:
         control.start(version=3, weight=50)
         _wait_for_requests(load, 3, 20)
         control.rollback()
@@ -294,8 +302,8 @@ def test_rollback_under_load_fails_no_request(canary):
     assert load.done[3] > 0, load.done
     print(f"rollback under {STREAMS} streams: requests served per version {dict(load.done)}, 0 failed")
     assert control.status()["loaded"] == [2] and control.table().canary is None
-    assert _served(srv.grpc_url, 32) == {2: 32}
-    error = _pin_error(srv, pin_version=np.array([[3]], dtype=np.int32))
+    assert _served(srv.grpc_url, deaths, 32) == {2: 32}
+    error = _pin_error(srv, deaths, pin_version=np.array([[3]], dtype=np.int32))
     assert "model_version 3 is not served" in error.message()
 
 

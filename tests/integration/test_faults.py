@@ -93,13 +93,14 @@ def test_dead_llm_process_fails_in_flight_at_once_and_the_server_comes_back(laun
 
 def test_dead_postprocessing_process_with_no_restarts_left_exits_non_zero(launch):
     """--max-restarts 0: the launcher leaves the restart to a service manager (systemd Restart=on-failure,
-    Kubernetes): in-flight requests end with an error, the launcher exits 3 and leaves no model process."""
+    Kubernetes): in-flight requests end with an error, the launcher exits 3 and leaves no model process.
+    The process dies as a crash does (SIGSEGV): its Python stacks are in the log (PYTHONFAULTHANDLER)."""
     launcher = launch("--max-restarts", "0")
     server, stubs = launcher.server(), launcher.stubs()
     with ThreadPoolExecutor(4) as pool:
         streams = _streams(launcher, pool, 4, 400)
         assert wait_for(lambda: _generating(launcher, 4), 60), "the streams never started"
-        launcher.stub("postprocessing").kill()
+        launcher.stub("postprocessing").send_signal(signal.SIGSEGV)
         killed = time.monotonic()
         ended = [f.result(timeout=ERROR_AT_ONCE_S + 30) for f in streams]
         rc = launcher.proc.wait(30)
@@ -108,6 +109,8 @@ def test_dead_postprocessing_process_with_no_restarts_left_exits_non_zero(launch
     print("in-flight error:", ended[0][0].error)
     assert not alive(server) and not any(alive(s) for s in stubs)
     assert launcher.triton_ready() == 0  # nothing listens any more
+    log = launcher.log_path.read_text(errors="replace")
+    assert "Fatal Python error: Segmentation fault" in log, log[-3000:]
 
 
 def test_sigterm_via_make_serve_drains_then_exits_cleanly(launch, tmp_path):

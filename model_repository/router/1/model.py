@@ -23,6 +23,7 @@ from backend.policy.canary_router import (
     routing_key,
 )
 from backend.serving.parameters import ModelParameters, RouterConfig
+from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
 from backend.serving.router_forwarding import Forwarding, KeyTracker, Outcome
 from backend.serving.router_metrics import RouterMetrics, StreamTiming
@@ -55,6 +56,7 @@ class TritonPythonModel:
         # Triton 2.51 crashes (segfault in libtriton_python.so with 4 concurrent streams; fine with this lock).
         self.ipc = threading.Lock()
         self.threads = set()
+        self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
         self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/serving/router_metrics.py)
 
     def execute(self, requests):
@@ -120,6 +122,7 @@ class TritonPythonModel:
         llm_request = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
                                                 requested_output_names=self.llm_outputs, parameters=params)
         served = np.full((1, 1), version, dtype=np.int32)
+        responses = None
         try:
             with self.ipc:
                 responses = llm_request.exec(decoupled=self.decoupled)
@@ -140,12 +143,15 @@ class TritonPythonModel:
                     timing.on_tokens(int(arrays["sequence_length"].reshape(-1)[0]), time.monotonic())
                 self.keys.note(arrays, version)
                 tensors = [pb_utils.Tensor(name, value) for name, value in arrays.items()]
-                self._send(sender, pb_utils.InferenceResponse(tensors + [pb_utils.Tensor("served_version", served)]),
-                           _FINAL if final else 0)
+                with self.ipc:  # the tensors held through the send (backend/serving/pb_release.py)
+                    send_tensors(pb_utils, sender, tensors + [pb_utils.Tensor("served_version", served)],
+                                 _FINAL if final else 0)
         except pb_utils.TritonModelException:
             if fwd.on_error(lambda: self._gone(version)) is Outcome.GONE:
                 return Outcome.GONE
             raise
+        finally:
+            self._hold(responses)
         if fwd.needs_final():
             self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
         return Outcome.OK
@@ -156,6 +162,7 @@ class TritonPythonModel:
         for version in versions:
             stop = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
                                              requested_output_names=[])
+            responses = None
             try:
                 with self.ipc:
                     responses = stop.exec(decoupled=self.decoupled)
@@ -164,7 +171,14 @@ class TritonPythonModel:
                         pb_utils.Logger.log_warn(f"router: stop on version {version}: {response.error().message()}")
             except pb_utils.TritonModelException as exc:
                 pb_utils.Logger.log_warn(f"router: stop on version {version}: {exc}")
+            finally:
+                self._hold(responses)
         self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
+
+    def _hold(self, responses):
+        """A decoupled call's response iterator is let go of later, never here (backend/serving/pb_release.py)."""
+        if self.decoupled and responses is not None:
+            self.held.keep(responses)
 
     def _gone(self, version):
         with self.ipc:
@@ -181,3 +195,4 @@ class TritonPythonModel:
             thread.join(timeout=60)
         with self.ipc:
             self.metrics.close()
+        release_at_finalize(self)  # now, while the stub can still take what the releases do

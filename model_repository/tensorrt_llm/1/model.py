@@ -27,6 +27,7 @@ from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
 from backend.serving.parameters import ModelParameters, ServingConfig
+from backend.serving.pb_release import release_at_finalize, send_tensors
 from backend.serving.response_group import ResponseGroup, RowError
 from backend.serving.send_queue import SendQueue
 from backend.serving.tenant_metrics import TenantMetrics
@@ -56,13 +57,14 @@ def _sender_send(sender, sends, watched, on_error):
 
     def send(response, final: bool) -> None:
         def deliver():
-            message = response
-            if isinstance(message, RowError):
-                message = _error_response(message)
-            elif message is not None:
-                message = pb_utils.InferenceResponse([pb_utils.Tensor(n, v) for n, v in message.items()])
+            flags = _FINAL if final else 0
             try:
-                sender.send(message, flags=_FINAL if final else 0)
+                if isinstance(response, RowError):
+                    sender.send(_error_response(response), flags=flags)
+                elif response is None:
+                    sender.send(None, flags=flags)
+                else:  # the tensors held through the send (backend/serving/pb_release.py)
+                    send_tensors(pb_utils, sender, [pb_utils.Tensor(n, v) for n, v in response.items()], flags)
             finally:
                 if final:
                     watched.finish()
@@ -239,4 +241,5 @@ class TritonPythonModel:
         self.cancel_watch.close()
         self.sends.close(timeout=10.0)
         self.engine.close()  # a parallel engine's worker processes exit here
-        self.metrics = self.tenant_metrics = None  # metric families are released with this model
+        # Senders left in cycles, and the metric families, go now, while the stub can still take it.
+        release_at_finalize(self)

@@ -14,6 +14,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 from backend.errors import InvalidRequestError
 from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_outputs, llm_inputs
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
+from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.postprocess import Postprocessor
 from backend.serving.preprocess import Preprocessor
 from backend.serving.request_copy import copy_request
@@ -43,6 +44,7 @@ class TritonPythonModel:
         self.ipc = threading.Lock()
         self.lock = threading.Lock()
         self.threads = set()
+        self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
 
     def execute(self, requests):
         for request in requests:
@@ -70,6 +72,12 @@ class TritonPythonModel:
                                             requested_output_names=self.llm_outputs, parameters=params)
         with self.ipc:
             responses = request.exec(decoupled=self.decoupled)
+        try:
+            self._forward(sender, responses)
+        finally:
+            self._hold(responses)
+
+    def _forward(self, sender, responses):
         for response in (responses if self.decoupled else [responses]):
             if response.has_error():
                 self._send(sender, response)
@@ -82,8 +90,9 @@ class TritonPythonModel:
                 self._send(sender, _error("request cancelled", pb_utils.TritonError.CANCELLED))
                 return
             out = client_outputs(self.post, llm)
-            self._send(sender, pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in out.items()]),
-                       flags=0 if self.decoupled else _FINAL)
+            with self.ipc:  # the tensors held through the send (backend/serving/pb_release.py)
+                send_tensors(pb_utils, sender, [pb_utils.Tensor(k, v) for k, v in out.items()],
+                             0 if self.decoupled else _FINAL)
         if self.decoupled:
             self._send(sender, None)
 
@@ -100,6 +109,12 @@ class TritonPythonModel:
             responses = stop.exec(decoupled=self.decoupled)
         for _ in (responses if self.decoupled else []):
             pass  # its flag-only final
+        self._hold(responses)
+
+    def _hold(self, responses):
+        """A decoupled call's response iterator is let go of later, never here (backend/serving/pb_release.py)."""
+        if self.decoupled:
+            self.held.keep(responses)
 
     def _send(self, sender, response, flags=_FINAL):
         with self.ipc:
@@ -110,3 +125,4 @@ class TritonPythonModel:
             threads = list(self.threads)
         for thread in threads:
             thread.join(timeout=60)
+        release_at_finalize(self)  # now, while the stub can still take what the releases do
