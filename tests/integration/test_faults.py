@@ -94,7 +94,8 @@ def test_dead_llm_process_fails_in_flight_at_once_and_the_server_comes_back(laun
 def test_dead_postprocessing_process_with_no_restarts_left_exits_non_zero(launch):
     """--max-restarts 0: the launcher leaves the restart to a service manager (systemd Restart=on-failure,
     Kubernetes): in-flight requests end with an error, the launcher exits 3 and leaves no model process.
-    The process dies as a crash does (SIGSEGV): its Python stacks are in the log (PYTHONFAULTHANDLER)."""
+    The process dies as a crash does (SIGSEGV): its Python stacks are in the log (faulthandler, which the rendered
+    tritonllm_env.py turns on; the stub ignores PYTHONFAULTHANDLER)."""
     launcher = launch("--max-restarts", "0")
     server, stubs = launcher.server(), launcher.stubs()
     with ThreadPoolExecutor(4) as pool:
