@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from backend.policy.canary_router import RoutingTable
+from backend.serving.bls_calls import DEFAULT_WAITING_CALLS
 from ensembles.render import ENSEMBLE_MODELS, TEMPLATES, RepoSpec, default_python_paths, env_module, render
 
 ROUTER = "router"
@@ -40,7 +41,8 @@ def _block(config: str, section: str) -> str:
     return match.group(1).rstrip()
 
 
-def router_config(llm_config: str, routing: Path, max_batch_size: int, decoupled: bool = True) -> str:
+def router_config(llm_config: str, routing: Path, max_batch_size: int, decoupled: bool = True,
+                  waiting_calls: int = DEFAULT_WAITING_CALLS) -> str:
     """The router's config.pbtxt: the LLM's inputs (without reshape: tensors are forwarded as received) and outputs;
     decoupled as the LLM model is."""
     inputs = _RESHAPE.sub("", _block(llm_config, "input"))
@@ -52,7 +54,8 @@ def router_config(llm_config: str, routing: Path, max_batch_size: int, decoupled
         "output [", _VERSION_OUTPUT + _block(llm_config, "output"), "]",
         "instance_group [ { count: 1 kind: KIND_CPU } ]",
         'parameters { key: "llm_model" value: { string_value: "tensorrt_llm" } }',
-        f'parameters {{ key: "routing_file" value: {{ string_value: "{routing}" }} }}', "",
+        f'parameters {{ key: "routing_file" value: {{ string_value: "{routing}" }} }}',
+        f'parameters {{ key: "bls_waiting_calls" value: {{ string_value: "{waiting_calls}" }} }}', "",
     ])
 
 
@@ -109,7 +112,7 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     (router_dir / "tritonllm_env.py").write_text(env_module(spec.python_paths or default_python_paths()))
     routing = routing_file(repo)
     (router_dir / "config.pbtxt").write_text(router_config(llm_config, routing.resolve(), spec.triton_max_batch_size,
-                                                           spec.decoupled_mode))
+                                                           spec.decoupled_mode, spec.bls_waiting_calls))
     RoutingTable({1: 100}, stable=1).write(routing)
     ensemble = repo / "ensemble" / "config.pbtxt"
     ensemble.write_text(route_ensemble(ensemble.read_text()))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from backend.engine.config import engine_default
 from backend.policy.tenants import load_limits
+from backend.serving.bls_calls import DEFAULT_WAITING_CALLS
 from backend.serving.cpu_placement import CpuSplit, format_cpu_list, split_cpus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +57,15 @@ class RepoSpec:
     limits_file: Path | None = None
     tenant_header: str = "x-tenant-id"
     max_prompt_bytes: int = 262144  # text_input over this is refused (INVALID_ARG) before tokenizing
+    # BLS calls of tensorrt_llm_bls (and the canary router) waiting for the LLM model at once (backend/serving/bls_calls.py)
+    bls_waiting_calls: int = DEFAULT_WAITING_CALLS
     # Folders the Python backend's interpreter must see (the project, its virtualenv's site-packages).
     python_paths: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         for name in ("triton_max_batch_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
-                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms", "max_prompt_bytes"):
+                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms", "max_prompt_bytes",
+                     "bls_waiting_calls"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):

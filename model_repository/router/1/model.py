@@ -22,6 +22,7 @@ from backend.policy.canary_router import (
     pinned_version,
     routing_key,
 )
+from backend.serving.bls_calls import call_gate
 from backend.serving.parameters import ModelParameters, RouterConfig
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
@@ -40,7 +41,8 @@ def _error(message, code=None):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        router = RouterConfig.from_parameters(ModelParameters.from_model_config(config))
+        params = ModelParameters.from_model_config(config)
+        router = RouterConfig.from_parameters(params)
         self.llm = router.llm_model
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "served_version"]
@@ -52,9 +54,14 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"router: {self.routing.last_error}")
         self.keys = KeyTracker()  # request_key -> the version serving it (for `stop`)
         self.lock = threading.Lock()
-        # One BLS submission or response send at a time: from several threads at once the Python backend of
-        # Triton 2.51 crashes (segfault in libtriton_python.so with 4 concurrent streams; fine with this lock).
+        # One response send (and metric update) at a time: sends from several threads at once crashed Triton 2.51's
+        # Python backend (segfault in libtriton_python.so, 4 streams). BLS exec() calls are made without it: a
+        # decoupled exec() returns only at the called model's first response, which a request waiting for room in a
+        # full engine delays for as long as it waits; under this lock every other stream's tokens and the `stop`s
+        # that would make that room waited behind it (tests/integration/test_waiting_requests.py). How many calls
+        # may wait at once: backend/serving/bls_calls.py.
         self.ipc = threading.Lock()
+        self.calls = call_gate(params)
         self.threads = set()
         self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
         self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/serving/router_metrics.py)
@@ -124,7 +131,7 @@ class TritonPythonModel:
         served = np.full((1, 1), version, dtype=np.int32)
         responses = None
         try:
-            with self.ipc:
+            with self.calls.enter():  # not under self.ipc (initialize says why)
                 responses = llm_request.exec(decoupled=self.decoupled)
             for response in (responses if self.decoupled else [responses]):
                 if fwd.complete:
@@ -164,8 +171,7 @@ class TritonPythonModel:
                                              requested_output_names=[])
             responses = None
             try:
-                with self.ipc:
-                    responses = stop.exec(decoupled=self.decoupled)
+                responses = stop.exec(decoupled=self.decoupled)
                 for response in (responses if self.decoupled else [responses]):
                     if response.has_error():
                         pb_utils.Logger.log_warn(f"router: stop on version {version}: {response.error().message()}")

@@ -13,6 +13,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 
 from backend.errors import InvalidRequestError
 from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_outputs, llm_inputs
+from backend.serving.bls_calls import call_gate
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.postprocess import Postprocessor
@@ -39,9 +40,11 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] not in DERIVED_OUTPUTS]
         self.llm_outputs += list(INTERNAL_OUTPUTS)
-        # One BLS call or response send at a time: from several threads at once the 2.51 Python backend crashes
-        # (see model_repository/router/1/model.py).
+        # One response send at a time; exec() calls outside it, as the router's (model_repository/router/1/model.py
+        # says why: a call waiting for room in a full engine held every other stream's sends and stops), at most
+        # bls_waiting_calls of them waiting at once (backend/serving/bls_calls.py).
         self.ipc = threading.Lock()
+        self.calls = call_gate(params)
         self.lock = threading.Lock()
         self.threads = set()
         self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
@@ -70,7 +73,7 @@ class TritonPythonModel:
     def _generate(self, sender, inputs, params):
         request = pb_utils.InferenceRequest(model_name=self.llm, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
                                             requested_output_names=self.llm_outputs, parameters=params)
-        with self.ipc:
+        with self.calls.enter():
             responses = request.exec(decoupled=self.decoupled)
         try:
             self._forward(sender, responses)
@@ -105,8 +108,7 @@ class TritonPythonModel:
                   pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
                   pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
         stop = pb_utils.InferenceRequest(model_name=self.llm, inputs=inputs, requested_output_names=[])
-        with self.ipc:
-            responses = stop.exec(decoupled=self.decoupled)
+        responses = stop.exec(decoupled=self.decoupled)
         for _ in (responses if self.decoupled else []):
             pass  # its flag-only final
         self._hold(responses)

@@ -50,3 +50,17 @@ def test_changed_ensemble_template_is_a_clear_error():
     text = (TEMPLATES / "ensemble" / "config.pbtxt").read_text()
     with pytest.raises(ValueError, match="ensemble template changed"):
         route_ensemble(text.replace('model_name: "tensorrt_llm"', 'model_name: "llm"'))
+
+
+def test_bls_waiting_calls_reaches_the_router_and_tensorrt_llm_bls(tmp_path, fake_model):
+    """Both BLS models read it (backend/serving/bls_calls.py); a limit below 1 is refused at render."""
+    engine, tokenizer = fake_model
+    setting = 'parameters { key: "bls_waiting_calls" value: { string_value: "%s" } }'
+    for value, folder in ((None, "default"), (40, "forty")):
+        spec = RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer,
+                        **({} if value is None else {"bls_waiting_calls": value}))
+        repo = render_canary(spec, tmp_path / folder)
+        for model in ("router", "tensorrt_llm_bls"):
+            assert setting % (value or 16) in (repo / model / "config.pbtxt").read_text(), (model, value)
+    with pytest.raises(ValueError, match="bls_waiting_calls must be > 0, got 0"):
+        RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, bls_waiting_calls=0)
