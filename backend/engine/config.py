@@ -6,6 +6,7 @@ from enum import Enum
 from typing import Any
 
 LINEAR_KERNELS = ("auto", "torch", "onednn")  # backend/model/prepacked_linear.py
+ATTENTION_KERNELS = ("auto", "torch", "paged")  # backend/model/kernels/paged_decode.py
 
 
 class SchedulerPolicy(str, Enum):
@@ -40,6 +41,9 @@ class EngineConfig:
     # Float linears' kernel (backend/model/prepacked_linear.py): "onednn" (weights prepacked once; CPU, float32 or
     # native-bf16 CPUs), "torch" (F.linear: MKL on CPU), "auto" (onednn where it can run, else torch).
     linear_kernel: str = "auto"
+    # Decode steps' attention (backend/model/kernels/paged_decode.py): "paged" (read in place from the KV pool by a
+    # compiled kernel; CPU, float32), "torch" (gather + SDPA), "auto" (paged where it runs, else torch).
+    attention_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -72,13 +76,17 @@ class EngineConfig:
             import torch
 
             object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
-        self._check_linear_kernel()
+        self._check_kernels()
 
-    def _check_linear_kernel(self) -> None:
+    def _check_kernels(self) -> None:
         """The model runner checks the weights' dtype too (backend/model/prepacked_linear.py); here what the
         config alone decides."""
         if self.linear_kernel not in LINEAR_KERNELS:
             raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention_kernel must be one of {ATTENTION_KERNELS}, got {self.attention_kernel!r}")
+        if self.attention_kernel == "paged" and not self.device.startswith("cpu"):
+            raise ValueError(f"attention_kernel 'paged' runs on CPU only, not on device {self.device!r}")
         if self.linear_kernel != "onednn":
             return
         import torch

@@ -56,7 +56,11 @@ class LLMEngine:
         if model is None and config.linear_kernel == "onednn":
             raise ValueError("linear_kernel 'onednn' is not implemented for a sharded checkpoint (tensor or pipeline "
                              "parallel ranks run torch's linears): use 'auto' or 'torch'")
-        self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel)
+        if model is None and config.attention_kernel == "paged":
+            raise ValueError("attention_kernel 'paged' is not implemented for a sharded checkpoint (tensor or pipeline "
+                             "parallel ranks gather and run SDPA): use 'auto' or 'torch'")
+        self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel,
+                                   config.attention_kernel)
                        if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)

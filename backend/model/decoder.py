@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.model.features import AttentionFeatures, DecoderFeatures, MlpFeatures
+from backend.model.kernels.paged_decode import paged_decode
 
 
 @dataclass
@@ -33,6 +34,9 @@ class AttentionMetadata:
     cos: torch.Tensor  # (T, rotary_dim) rotary cos at each token's position, activations' dtype
     sin_signed: torch.Tensor  # (T, rotary_dim) rotary sin, first half negated (rotate-half's sign folded in)
     decode_only: bool = False  # every sequence has one new token (Q == 1, T == B): no padded query layout needed
+    # Decode steps run by the paged kernel (backend/model/kernels/): window -> ((B,), (B,)) int64, the first and
+    # past-the-last context column each sequence's query attends to; None: gather + SDPA with `masks`.
+    decode_columns: dict[int | None, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 class RMSNorm(nn.Module):
@@ -126,6 +130,10 @@ class Attention(nn.Module):
         v_cache.index_copy_(0, meta.slot_mapping, v)
 
         B, Q = meta.query_index.shape
+        if meta.decode_columns is not None and isinstance(k_cache, torch.Tensor):  # FP8 pools take the torch path
+            first, stop = meta.decode_columns[self.window]
+            out = paged_decode(q, k_cache, v_cache, meta.context_slots, first, stop, self.scale, self.softcap)
+            return self.dense(out.view(B, self.n_heads * d))  # (B, H, d) read in place from the pool
         # (B, n_heads, Q, head_dim): a decode step's T tokens are its B sequences already
         q_pad = (q.view(B, 1, self.n_heads, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
         k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2)  # (B, n_kv, L, head_dim)

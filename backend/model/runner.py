@@ -6,15 +6,17 @@ import torch
 from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
 from backend.model.decoder import AttentionMetadata
+from backend.model.kernels.paged_decode import resolve_attention_kernel
 from backend.model.prepacked_linear import prepack_linears, resolve_linear_kernel
 from backend.model.quantized_kv import kv_pools
 from backend.model.step_inputs import StepInputs, step_tensors
 
 
-def model_step_tensors(model: CausalLM, inputs: StepInputs,
-                       device: torch.device) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+def model_step_tensors(model: CausalLM, inputs: StepInputs, device: torch.device,
+                       paged_decode: bool = False) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
     """step_tensors() for this model: its rotary embedding, its layers' windows, its dtype."""
-    return step_tensors(inputs, model.rotary, set(model.features.windows), torch_dtype(model.config), device)
+    return step_tensors(inputs, model.rotary, set(model.features.windows), torch_dtype(model.config), device,
+                        paged_decode)
 
 
 class KVCache:
@@ -29,10 +31,12 @@ class KVCache:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 linear_kernel: str = "torch") -> None:
-        """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); the chosen one is kept
-        in self.linear_kernel."""
+                 linear_kernel: str = "torch", attention_kernel: str = "torch") -> None:
+        """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); attention_kernel: "torch",
+        "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py). The chosen ones are kept in
+        self.linear_kernel and self.attention_kernel."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
+        self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
         self.model = prepack_linears(model) if self.linear_kernel == "onednn" else model
         self.device = device
         self.kv = KVCache(model, num_blocks, block_size, device)
@@ -40,7 +44,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
-        input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device)
+        input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device,
+                                                           self.attention_kernel == "paged")
         return self.model(input_ids, meta, self.kv.layers, logits_index)
 
     def close(self) -> None:

@@ -65,9 +65,10 @@ class StepInputs:
 
 
 def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int | None], dtype: torch.dtype,
-                 device: torch.device) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+                 device: torch.device, paged_decode: bool = False) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
     """(input_ids (T,), AttentionMetadata, logits_index (S,)), built with vectorised ops (no per-token Python).
-    `windows`: the distinct sliding windows of the model's layers (None: full attention), one mask each."""
+    `windows`: the distinct sliding windows of the model's layers (None: full attention), one mask each.
+    `paged_decode`: a decode step gets each window's column ranges for the paged kernel (decode_columns)."""
     start, end, ctx_slots, ctx0 = inputs.start, inputs.end, inputs.context_slots, inputs.ctx_start
     q_len = end - start
     B, L = ctx_slots.shape
@@ -96,5 +97,15 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
         sin_signed=signed_sin(sin.to(dtype)),
         decode_only=Q == 1 and inputs.tokens.numel() == B,
     )
+    if paged_decode and meta.decode_only:
+        meta.decode_columns = _decode_columns(end - ctx0, windows, device)
     logits_index = (first + q_len - 1)[inputs.sampled.bool()]  # the last new token of each sequence that samples
     return inputs.tokens.to(device), meta, logits_index.to(device)
+
+
+def _decode_columns(stop: torch.Tensor, windows: set[int | None],
+                    device: torch.device) -> dict[int | None, tuple[torch.Tensor, torch.Tensor]]:
+    """stop (B,): past-the-last context column (the new token's). The query at position p sees keys at p - w + 1
+    .. p under a window w (the masks' rule), so columns from stop - w, clamped to 0; all of them without one."""
+    stop = stop.to(device)
+    return {w: ((stop - w).clamp(min=0) if w is not None else torch.zeros_like(stop), stop) for w in windows}

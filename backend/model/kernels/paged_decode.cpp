@@ -1,0 +1,183 @@
+// Decode attention over a paged KV cache, read in place: one query token per sequence, float32, CPU.
+//
+// The torch path gathers each sequence's context out of the pool (index_select: a copy of every K and V row a
+// layer reads), then runs SDPA on the copy. Here each sequence reads its context rows where they lie in the pool,
+// scores every query head against each row (eight rows at a time with AVX2), softmaxes in float32 and sums the V
+// rows: the same bytes read once, no copy, no mask tensor. About a third of the torch path's time for the demo
+// model's and a 125M Llama's decode shapes (perf/ISSUE16.md). Built by backend/model/kernels/paged_decode.py.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Eight rows' dot products with one query head, D a multiple of 8: one 8-wide FMA chain per row (eight chains side
+// by side), then the eight row sums folded into one vector with horizontal adds. out[r] = q . rows[r].
+inline void dot8(const float* q, const float* const* rows, int64_t D, float* out) {
+  __m256 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows[r] + d), acc[r]);
+  }
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  // u0 = [r0 r1 r2 r3 | r0 r1 r2 r3] halves (low lanes, high lanes), u1 likewise for r4..r7
+  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+constexpr bool kHaveDot8 = true;
+#else
+inline void dot8(const float* q, const float* const* rows, int64_t D, float* out) {
+  for (int r = 0; r < 8; ++r) out[r] = dot(q, rows[r], D);
+}
+constexpr bool kHaveDot8 = false;
+#endif
+
+inline void axpy(float p, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += p * x[i];
+}
+
+// exp(x) for x <= 0 in straight-line arithmetic the compiler vectorizes (std::exp is a scalar call):
+// x = k ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor series to r^7 (truncation < 6e-9), times 2^k from the
+// exponent bits. Below -87 the result is 0 (float32's smallest normal is exp(-87.3)).
+inline float exp_nonpositive(float x) {
+  const float k = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;  // ln2 split: exact k * hi
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.f ? 0.f : p * scale;
+}
+
+// scores (rows, n) -> softmax per row, in place.
+void softmax_rows(float* scores, int64_t rows, int64_t n) {
+  for (int64_t h = 0; h < rows; ++h) {
+    float* s = scores + h * n;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = exp_nonpositive(s[j] - m);
+      sum += s[j];
+    }
+    const float inv = 1.f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  }
+}
+
+}  // namespace
+
+// q (B, H, D); k_cache, v_cache (S, KV, D) contiguous; slots (B, L) int64: pool row of each context column;
+// col_start, col_end (B,) int64: the columns [start, end) each sequence attends to (its window), end > start;
+// softcap <= 0: none, else scores = tanh(scores / softcap) * softcap (Gemma 2). Returns (B, H, D).
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
+                           double scale, double softcap) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_decode: shapes");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat, "paged_decode: float32 only");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && col_start.scalar_type() == at::kLong &&
+                  col_end.scalar_type() == at::kLong, "paged_decode: int64 indices");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() && slots.is_contiguous() &&
+                  col_start.is_contiguous() && col_end.is_contiguous(), "paged_decode: contiguous tensors");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1), L = slots.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && H % KV == 0 && slots.size(0) == B && col_start.size(0) == B &&
+                  col_end.size(0) == B, "paged_decode: shapes");
+  const int64_t G = H / KV;
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* cs = col_start.data_ptr<int64_t>();
+  const int64_t* ce = col_end.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale), cap = static_cast<float>(softcap);
+  const int64_t S = k_cache.size(0);
+  for (int64_t b = 0; b < B; ++b) {  // a bad index would read outside the pool: refuse it instead
+    TORCH_CHECK(0 <= cs[b] && cs[b] < ce[b] && ce[b] <= L, "paged_decode: column range of sequence ", b);
+    for (int64_t c = cs[b]; c < ce[b]; ++c) {
+      TORCH_CHECK(0 <= sp[b * L + c] && sp[b * L + c] < S, "paged_decode: slot outside the pool, sequence ", b);
+    }
+  }
+  // Work item: one sequence. Its context rows are read whole (every KV head's D floats lie together in a row),
+  // once for K and once for V, each row scored against all H query heads: one pass over the bytes.
+  const int64_t row = KV * D;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc(H * D);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t c0 = cs[b], n = ce[b] - c0;
+      const int64_t* rows = sp + b * L + c0;
+      const float* qb = qp + b * H * D;
+      scores.resize(H * n);
+      int64_t j = 0;
+      if (kHaveDot8 && D % 8 == 0) {  // eight rows at a time
+        const float* k8[8];
+        float s8[8];
+        for (; j + 8 <= n; j += 8) {
+          for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
+          if (j + 16 <= n) __builtin_prefetch(kp + rows[j + 8] * row);
+          for (int64_t h = 0; h < H; ++h) {
+            const float* q = qb + h * D;
+            const int64_t off = (h / G) * D;
+            const float* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
+                                  k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
+            dot8(q, kh, D, s8);
+            for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r];
+          }
+        }
+      }
+      for (; j < n; ++j) {
+        const float* k = kp + rows[j] * row;
+        for (int64_t h = 0; h < H; ++h) scores[h * n + j] = dot(qb + h * D, k + (h / G) * D, D);
+      }
+      for (int64_t i = 0; i < H * n; ++i) {
+        const float s = scores[i] * sc;
+        scores[i] = cap > 0.f ? std::tanh(s / cap) * cap : s;
+      }
+      softmax_rows(scores.data(), H, n);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        if (j + 4 < n) __builtin_prefetch(vp + rows[j + 4] * row);
+        const float* v = vp + rows[j] * row;
+        for (int64_t h = 0; h < H; ++h) axpy(scores[h * n + j], v + (h / G) * D, acc.data() + h * D, D);
+      }
+      std::copy(acc.begin(), acc.end(), op + b * H * D);
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (float32, CPU)");
+}
