@@ -34,25 +34,11 @@ class CallGate:
             raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
         self.limit = limit
         self._slots = threading.BoundedSemaphore(limit)
-        self._lock = threading.Lock()
-        self._inside = 0
-
-    @property
-    def inside(self) -> int:
-        """Calls inside the gate now."""
-        with self._lock:
-            return self._inside
 
     @contextmanager
     def enter(self) -> Iterator[None]:
         with self._slots:
-            with self._lock:
-                self._inside += 1
-            try:
-                yield
-            finally:
-                with self._lock:
-                    self._inside -= 1
+            yield
 
 
 def call_gate(params: ModelParameters) -> CallGate:

@@ -3,8 +3,8 @@
 Built once per machine and source (the build directory's name carries a hash of the source, the compiler flags, the
 torch version and the CPU's feature flags, since it is compiled for this CPU: -march=native) under
 `$TRITONLLM_CACHE/kernels`, else `<repo>/.cache/kernels`: about 35 s on 2 cores, then a load takes milliseconds.
-`python -m backend.model.kernels.paged_decode` builds it ahead of time (make setup does), so that no model process
-compiles while a server starts.
+`python -m backend.model.kernels.paged_decode` builds it ahead of time (`make kernels` does), so that no model
+process compiles while a server starts.
 """
 from __future__ import annotations
 
@@ -90,16 +90,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                0.0 if softcap is None else softcap)
 
 
-def unavailable(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Why the paged decode kernel cannot run here (None: it can)."""
+def unsupported(device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Why the paged decode kernel does not apply to this device and dtype (None: it does)."""
     if torch.device(device).type != "cpu":
         return f"the paged decode kernel runs on CPU only, not on {device}"
     if dtype != torch.float32:
         return f"the paged decode kernel is float32 only, not {dtype}"
-    try:
-        load()
-    except KernelUnavailable as exc:
-        return str(exc)
     return None
 
 
@@ -110,13 +106,17 @@ def resolve_attention_kernel(kernel: str, device: torch.device | str, dtype: tor
         raise ValueError(f"attention_kernel must be one of {ATTENTION_KERNELS}, got {kernel!r}")
     if kernel == "torch":
         return kernel
-    reason = unavailable(device, dtype)
+    reason = unsupported(device, dtype)
     if reason is None:
-        return "paged"
+        try:
+            load()
+            return "paged"
+        except KernelUnavailable as exc:  # where it should have run: a failed build
+            reason = str(exc)
+            if kernel == "auto":
+                log.warning("attention_kernel 'auto' uses gather + SDPA: %s", reason)
     if kernel == "paged":
         raise ValueError(f"attention_kernel 'paged' is unavailable: {reason}")
-    if torch.device(device).type == "cpu" and dtype == torch.float32:  # where it should have run: a failed build
-        log.warning("attention_kernel 'auto' uses gather + SDPA: %s", reason)
     return "torch"
 
 

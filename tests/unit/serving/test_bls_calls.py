@@ -18,13 +18,29 @@ def test_the_default_leaves_half_of_python_backends_default_pool():
     assert CallGate().limit == DEFAULT_WAITING_CALLS == 16
 
 
+class Inside:
+    """Callers inside the gate, counted by the callers themselves."""
+
+    def __init__(self) -> None:
+        self.now, self.lock = 0, threading.Lock()
+
+    def __enter__(self) -> int:
+        with self.lock:
+            self.now += 1
+            return self.now
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.now -= 1
+
+
 def test_no_more_than_limit_callers_are_inside_and_the_rest_wait():
-    gate, release, most = CallGate(3), threading.Event(), []
+    gate, inside, release, most = CallGate(3), Inside(), threading.Event(), []
     entered = threading.Semaphore(0)
 
     def call() -> None:
-        with gate.enter():
-            most.append(gate.inside)
+        with gate.enter(), inside as now:
+            most.append(now)
             entered.release()
             release.wait(10)
 
@@ -34,22 +50,22 @@ def test_no_more_than_limit_callers_are_inside_and_the_rest_wait():
     for _ in range(3):
         assert entered.acquire(timeout=5)
     assert not entered.acquire(timeout=0.2)  # the fourth waits while three are inside
-    assert gate.inside == 3
+    assert inside.now == 3
     release.set()
     for t in threads:
         t.join(10)
-    assert len(most) == 8 and max(most) <= 3 and gate.inside == 0
+    assert len(most) == 8 and max(most) <= 3 and inside.now == 0
 
 
 def test_a_caller_that_raises_leaves_its_place():
-    gate = CallGate(1)
+    gate, inside = CallGate(1), Inside()
     with pytest.raises(RuntimeError):
-        with gate.enter():
+        with gate.enter(), inside:
             raise RuntimeError("exec failed")
     started = time.monotonic()
-    with gate.enter():
-        assert gate.inside == 1
-    assert time.monotonic() - started < 1 and gate.inside == 0
+    with gate.enter(), inside as now:
+        assert now == 1
+    assert time.monotonic() - started < 1 and inside.now == 0
 
 
 def test_the_limit_comes_from_the_bls_waiting_calls_parameter():
