@@ -39,11 +39,11 @@ $(STAMP): pyproject.toml
 demo-model: setup
 	$(BIN)/python -m build_engines demo
 
-# The paged decode attention kernel (C++, built for this CPU and cached under .cache/kernels; ~35 s once), built here
-# so that no model process compiles while a server starts. Without a C++ compiler the engine falls back to gather +
-# SDPA and says so.
+# The compiled kernels (C++: paged decode attention, a decode step's layers in one call; built for this CPU and cached
+# under .cache/kernels, about a minute once), built here so that no model process compiles while a server starts.
+# Without a C++ compiler the engine falls back to gather + SDPA and the Python layers and says so.
 kernels: setup
-	$(BIN)/python -m backend.model.kernels.paged_decode || echo "the paged decode kernel did not build (is g++ installed?): decode attention falls back to gather + SDPA"
+	$(BIN)/python -m backend.model.kernels.build || echo "the compiled kernels did not build (is g++ installed?): decode steps fall back to gather + SDPA and the Python layers"
 
 # perf_analyzer (PyPI wheel, needs glibc 2.38) with, on older systems such as Debian 12, the loader and libc /
 # libstdc++ of Debian 13 packages unpacked under perf/.glibc/ (nothing of the system replaced); seconds, cached.

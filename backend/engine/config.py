@@ -7,6 +7,7 @@ from typing import Any
 
 LINEAR_KERNELS = ("auto", "torch", "onednn")  # backend/model/prepacked_linear.py
 ATTENTION_KERNELS = ("auto", "torch", "paged")  # backend/model/kernels/paged_decode.py
+DECODE_LAYERS = ("auto", "python", "native")  # backend/model/kernels/decode_layers.py
 
 
 class SchedulerPolicy(str, Enum):
@@ -44,6 +45,10 @@ class EngineConfig:
     # Decode steps' attention (backend/model/kernels/paged_decode.py): "paged" (read in place from the KV pool by a
     # compiled kernel; CPU, float32), "torch" (gather + SDPA), "auto" (paged where it runs, else torch).
     attention_kernel: str = "auto"
+    # Decode steps' decoder layers (backend/model/kernels/decode_layers.py): "native" (one compiled call running the
+    # same operations, bit-equal; needs the paged attention kernel and oneDNN linears), "python", "auto" (native
+    # where it runs, else python).
+    decode_layers: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -87,6 +92,13 @@ class EngineConfig:
             raise ValueError(f"attention_kernel must be one of {ATTENTION_KERNELS}, got {self.attention_kernel!r}")
         if self.attention_kernel == "paged" and not self.device.startswith("cpu"):
             raise ValueError(f"attention_kernel 'paged' runs on CPU only, not on device {self.device!r}")
+        if self.decode_layers not in DECODE_LAYERS:
+            raise ValueError(f"decode_layers must be one of {DECODE_LAYERS}, got {self.decode_layers!r}")
+        if self.decode_layers == "native" and (self.attention_kernel == "torch" or self.linear_kernel == "torch"):
+            raise ValueError(f"decode_layers 'native' needs the paged attention kernel and oneDNN linears, not "
+                             f"attention_kernel {self.attention_kernel!r} / linear_kernel {self.linear_kernel!r}")
+        if self.decode_layers == "native" and not self.device.startswith("cpu"):
+            raise ValueError(f"decode_layers 'native' runs on CPU only, not on device {self.device!r}")
         if self.linear_kernel != "onednn":
             return
         import torch

@@ -59,8 +59,11 @@ class LLMEngine:
         if model is None and config.attention_kernel == "paged":
             raise ValueError("attention_kernel 'paged' is not implemented for a sharded checkpoint (tensor or pipeline "
                              "parallel ranks gather and run SDPA): use 'auto' or 'torch'")
+        if model is None and config.decode_layers == "native":
+            raise ValueError("decode_layers 'native' is not implemented for a sharded checkpoint (tensor or pipeline "
+                             "parallel ranks run the Python layers): use 'auto' or 'python'")
         self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel,
-                                   config.attention_kernel)
+                                   config.attention_kernel, config.decode_layers)
                        if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)

@@ -6,6 +6,7 @@ import torch
 from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
 from backend.model.decoder import AttentionMetadata
+from backend.model.kernels.decode_layers import resolve_decode_layers
 from backend.model.kernels.paged_decode import resolve_attention_kernel
 from backend.model.prepacked_linear import prepack_linears, resolve_linear_kernel
 from backend.model.quantized_kv import kv_pools
@@ -31,21 +32,26 @@ class KVCache:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 linear_kernel: str = "torch", attention_kernel: str = "torch") -> None:
+                 linear_kernel: str = "torch", attention_kernel: str = "torch", decode_layers: str = "python") -> None:
         """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); attention_kernel: "torch",
-        "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py). The chosen ones are kept in
-        self.linear_kernel and self.attention_kernel."""
+        "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py); decode_layers: "python", "native"
+        or "auto" (backend/model/kernels/decode_layers.py). The chosen ones are kept in self.linear_kernel,
+        self.attention_kernel and self.native_layers (None: the Python layers)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
         self.model = prepack_linears(model) if self.linear_kernel == "onednn" else model
         self.device = device
         self.kv = KVCache(model, num_blocks, block_size, device)
+        self.native_layers = resolve_decode_layers(decode_layers, self.model, self.kv.layers, self.attention_kernel)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
         input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device,
                                                            self.attention_kernel == "paged")
+        if self.native_layers is not None and meta.decode_columns is not None:  # a decode step: one compiled call
+            x = self.native_layers(self.model.embed(input_ids), meta, self.kv.layers)
+            return self.model.head(x[logits_index])
         return self.model(input_ids, meta, self.kv.layers, logits_index)
 
     def close(self) -> None:

@@ -4,8 +4,9 @@
 // layer reads), then runs SDPA on the copy. Here each sequence reads its context rows where they lie in the pool,
 // scores every query head against each row (eight rows at a time with AVX2), softmaxes in float32 and sums the V
 // rows: the same bytes read once, no copy, no mask tensor. About a third of the torch path's time for the demo
-// model's and a 125M Llama's decode shapes (perf/ISSUE16.md). Built by backend/model/kernels/paged_decode.py.
-#include <torch/extension.h>
+// model's and a 125M Llama's decode shapes (perf/ISSUE16.md). Built by backend/model/kernels/build.py.
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -176,8 +177,4 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (float32, CPU)");
 }

@@ -1,0 +1,111 @@
+"""A decode step's decoder layers in one compiled call (decode_layers.cpp), where every layer can take it.
+
+decode_layers.cpp runs the ATen operations of backend/model/decoder.py's layers in their order on the same tensors,
+so its output equals the Python layers' bit for bit; what it saves is Python: ~40 operator calls and 4-6 module
+calls per layer, about a quarter of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
+It serves decode steps run by the paged attention kernel (float32 on CPU) on oneDNN-prepacked linears; anything
+else (prefill chunks, quantized linears, FP8 KV pools, other dtypes or devices) keeps the Python layers.
+"""
+from __future__ import annotations
+
+import torch
+
+from backend.model.causal_lm import CausalLM
+from backend.model.decoder import AttentionMetadata, DecoderLayer, RMSNorm
+from backend.model.kernels.build import load
+from backend.model.prepacked_linear import PrepackedLinear
+
+DECODE_LAYERS = ("auto", "python", "native")
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_layers.cpp's activation codes
+_ABSENT = torch.empty(0)
+
+
+def _packed(module: object) -> torch.Tensor | None:
+    return module.packed if isinstance(module, PrepackedLinear) else None
+
+
+def _layer_unsupported(layer: DecoderLayer) -> str | None:
+    attn, mlp = layer.attention, layer.mlp
+    linears = {"qkv": attn.qkv, "dense": attn.dense, "proj": mlp.proj, "fc": mlp.fc if mlp.fused else mlp.fc_gate}
+    for name, module in linears.items():
+        if _packed(module) is None:
+            return f"its {name} linear is a {type(module).__name__}, not a oneDNN-prepacked float linear"
+        if name != "qkv" and module.bias is not None:
+            return f"its {name} linear has a bias"
+    return None
+
+
+def unsupported(model: CausalLM, kv_layers: list) -> str | None:
+    """Why the compiled layers cannot run this model's decode steps (None: they can)."""
+    if next(model.parameters()).device.type != "cpu":
+        return "the compiled decoder layers run on CPU only"
+    if model.features.mlp.activation not in ACTIVATIONS:
+        return f"its MLP activation {model.features.mlp.activation!r} has no compiled counterpart"
+    for i, layer in enumerate(model.transformer.layers):
+        if (reason := _layer_unsupported(layer)) is not None:
+            return f"layer {i}: {reason}"
+    norms = [m for m in model.transformer.layers.modules() if isinstance(m, RMSNorm)]
+    if any(n.weight.dtype != torch.float32 for n in norms):
+        return "the compiled decoder layers run float32 only"
+    if len({n.eps for n in norms}) != 1:
+        return "its norms differ in epsilon"
+    for k, v in kv_layers:
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dtype == v.dtype == torch.float32):
+            return "its KV cache is not a float32 pool (FP8 KV pools keep the Python layers)"
+    return None
+
+
+class NativeDecodeLayers:
+    """Runs CausalLM.run_layers' work for a decode step read by the paged kernel (meta.decode_columns set)."""
+
+    def __init__(self, model: CausalLM) -> None:
+        f = model.features
+        layers = model.transformer.layers
+        self.windows = [layer.attention.window for layer in layers]
+        self.weights = [t for layer in layers for t in self._layer_tensors(layer)]
+        a = f.attention
+        self.dims = [a.n_heads, a.n_kv, a.head_dim, int(f.norm_weight_in_float32), ACTIVATIONS[f.mlp.activation],
+                     int(f.mlp.fused), int(f.sandwich_norms)]
+        self.scalars = [a.scale, a.softcap or 0.0, layers[0].input_layernorm.eps]
+        self.kernels = load()
+
+    @staticmethod
+    def _layer_tensors(layer: DecoderLayer) -> list[torch.Tensor]:
+        """decode_layers.cpp's per-layer order: input norm, qkv (+ bias), q / k norms, dense, post norm, pre / post
+        MLP norms, fc (fc | gate, or up | gate), proj; _ABSENT where the layer has none."""
+        attn, mlp = layer.attention, layer.mlp
+
+        def norm(module: RMSNorm | None) -> torch.Tensor:
+            return _ABSENT if module is None else module.weight.detach()
+
+        fc = mlp.fc if mlp.fused else mlp.fc_gate
+        return [norm(layer.input_layernorm), attn.qkv.packed, _ABSENT if attn.qkv.bias is None else attn.qkv.bias,
+                norm(attn.q_layernorm), norm(attn.k_layernorm), attn.dense.packed, norm(layer.post_layernorm),
+                norm(layer.pre_feedforward_layernorm), norm(layer.post_feedforward_layernorm), fc.packed,
+                mlp.proj.packed]
+
+    def __call__(self, x: torch.Tensor, meta: AttentionMetadata,
+                 kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """x (B, hidden) -> (B, hidden) after every layer."""
+        columns = [meta.decode_columns[w] for w in self.windows]
+        return self.kernels.decode_layers(
+            x, self.weights, [k for k, _ in kv_layers], [v for _, v in kv_layers], [c[0] for c in columns],
+            [c[1] for c in columns], meta.slot_mapping, meta.cos, meta.sin_signed, meta.context_slots, self.dims,
+            self.scalars)
+
+
+def resolve_decode_layers(choice: str, model: CausalLM, kv_layers: list,
+                          attention_kernel: str) -> NativeDecodeLayers | None:
+    """"python" -> None; "native" -> the compiled layers or ValueError naming why not; "auto" -> the compiled
+    layers where they run (decode steps of the paged attention kernel), else None."""
+    if choice not in DECODE_LAYERS:
+        raise ValueError(f"decode_layers must be one of {DECODE_LAYERS}, got {choice!r}")
+    if choice == "python":
+        return None
+    reason = ("decode attention is not the paged kernel's (attention_kernel resolved to "
+              f"{attention_kernel!r})") if attention_kernel != "paged" else unsupported(model, kv_layers)
+    if reason is None:  # the kernels built: the paged attention kernel resolved
+        return NativeDecodeLayers(model)
+    if choice == "native":
+        raise ValueError(f"decode_layers 'native' is unavailable: {reason}")
+    return None

@@ -1,0 +1,18 @@
+// The compiled kernels' entry points (backend/model/kernels/build.py builds them into one extension).
+#pragma once
+#include <torch/extension.h>
+
+#include <vector>
+
+// paged_decode.cpp: decode attention read in place from the paged KV pool.
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
+                           double scale, double softcap);
+
+// decode_layers.cpp: every decoder layer of a decode step in one call, the same ATen operations as decoder.py.
+torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights,
+                            const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+                            const std::vector<torch::Tensor>& col_starts, const std::vector<torch::Tensor>& col_ends,
+                            const torch::Tensor& slot_mapping, const torch::Tensor& cos,
+                            const torch::Tensor& sin_signed, const torch::Tensor& context_slots,
+                            const std::vector<int64_t>& dims, const std::vector<double>& scalars);

@@ -1,0 +1,84 @@
+"""The compiled decode layers (backend/model/kernels/decode_layers.cpp) against the Python layers they stand in for:
+the same output and the same KV pools bit for bit on a decode step of every family fixture (biases, q/k norms,
+sandwich norms with soft caps and float32 norm weights, fused gate/up, partial rotary, sliding windows; ragged
+contexts starting past released blocks); and where they are and are not chosen."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.engine.config import EngineConfig
+from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
+from backend.model.loader import load_model
+from backend.model.runner import ModelRunner, model_step_tensors
+from backend.model.step_inputs import StepInputs
+
+CPU = torch.device("cpu")
+FAMILIES = ["llama2", "llama3", "mistral", "qwen2", "qwen2_swa", "qwen3", "gemma2", "phi3_4k", "phi3_partial"]
+BLOCK, BLOCKS = 8, 64
+
+
+def _decode_step(lengths: list[int], ctx_start: list[int], seed: int) -> StepInputs:
+    """One new token per sequence at position length - 1; contexts in shuffled blocks of the pool."""
+    g = torch.Generator().manual_seed(seed)
+    L = max(n - s for n, s in zip(lengths, ctx_start))
+    blocks, per_seq = torch.randperm(BLOCKS, generator=g), -(-L // BLOCK)
+    rows = [(blocks[b * per_seq:(b + 1) * per_seq, None] * BLOCK + torch.arange(BLOCK)).reshape(-1)[:L]
+            for b in range(len(lengths))]
+    end = torch.tensor(lengths)
+    return StepInputs.of(tokens=torch.randint(1, 1000, (len(lengths),), generator=g), start=end - 1, end=end,
+                         sampled=torch.ones(len(lengths), dtype=torch.long), context_slots=torch.stack(rows),
+                         ctx_start=torch.tensor(ctx_start))
+
+
+def _runner(family_checkpoint, name: str, decode_layers: str = "native", **kernels) -> ModelRunner:
+    model = load_model(family_checkpoint(name)[1], CPU)
+    kernels = {"linear_kernel": "onednn", "attention_kernel": "paged", **kernels}
+    return ModelRunner(model, BLOCKS, BLOCK, CPU, decode_layers=decode_layers, **kernels)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_equal_to_the_python_layers_bit_for_bit(family_checkpoint, name):
+    runner = _runner(family_checkpoint, name)
+    assert runner.native_layers is not None
+    inputs = _decode_step([37, 1, 60, 24], ctx_start=[0, 0, 16, 8], seed=len(name))
+    input_ids, meta, _ = model_step_tensors(runner.model, inputs, CPU, paged_decode=True)
+    g = torch.Generator().manual_seed(7)
+    pools = [(torch.randn(k.shape, generator=g), torch.randn(v.shape, generator=g)) for k, v in runner.kv.layers]
+    mine = [(k.clone(), v.clone()) for k, v in pools]
+    with torch.inference_mode():
+        x = runner.model.embed(input_ids)
+        want = runner.model.run_layers(x, meta, pools)
+        got = runner.native_layers(x, meta, mine)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for pair, other in zip(pools, mine) for a, b in zip(pair, other))
+
+
+def test_where_the_compiled_layers_are_chosen(family_checkpoint, caplog):
+    assert _runner(family_checkpoint, "llama2", "auto").native_layers is not None
+    assert _runner(family_checkpoint, "llama2", "python").native_layers is None
+    with caplog.at_level("WARNING"):
+        assert _runner(family_checkpoint, "llama2", "auto", linear_kernel="torch").native_layers is None
+        assert _runner(family_checkpoint, "llama2", "auto", attention_kernel="torch").native_layers is None
+    assert "decode_layers" not in caplog.text  # choosing the Python layers under "auto" is no warning
+    with pytest.raises(ValueError, match="decode_layers 'native' is unavailable: layer 0: its qkv linear is a "
+                                         "Linear, not a oneDNN-prepacked float linear"):
+        _runner(family_checkpoint, "llama2", linear_kernel="torch")
+    with pytest.raises(ValueError, match="decode_layers 'native' is unavailable: decode attention is not the paged"):
+        _runner(family_checkpoint, "llama2", attention_kernel="torch")
+    runner = _runner(family_checkpoint, "llama2", "python")
+    with pytest.raises(ValueError, match="decode_layers must be one of"):
+        resolve_decode_layers("compiled", runner.model, runner.kv.layers, "paged")
+    fp8_like = [(object(), object())] * len(runner.kv.layers)
+    assert "not a float32 pool" in unsupported(runner.model, fp8_like)
+
+
+def test_the_config_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="decode_layers must be one of"):
+        EngineConfig(decode_layers="fast")
+    with pytest.raises(ValueError, match="decode_layers 'native' needs the paged attention kernel and oneDNN linears"):
+        EngineConfig(decode_layers="native", attention_kernel="torch")
+    with pytest.raises(ValueError, match="decode_layers 'native' needs the paged attention kernel and oneDNN linears"):
+        EngineConfig(decode_layers="native", linear_kernel="torch")
+    with pytest.raises(ValueError, match="decode_layers 'native' runs on CPU only"):
+        EngineConfig(decode_layers="native", device="cuda")
