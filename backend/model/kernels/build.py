@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +22,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 SOURCES = tuple(HERE / name for name in ("paged_decode.cpp", "decode_layers.cpp", "bindings.cpp"))
 HEADERS = tuple(HERE / name for name in ("kernels.h",))
-CFLAGS = ("-O3", "-march=native", "-fopenmp-simd")
+# -fopenmp: at::parallel_for is inlined from ATen's headers and runs serially unless the code is compiled with OpenMP.
+# The library links against the OpenMP runtime torch has loaded (openmp_runtimes()), so that the process keeps one
+# runtime: one thread pool, and torch.set_num_threads governs the kernels too.
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+_OPENMP = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so[^/]*$")
 
 
 class KernelUnavailable(RuntimeError):
@@ -38,10 +43,27 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def openmp_runtimes() -> list[str]:
+    """Paths of the OpenMP runtimes mapped into this process (torch's, once torch is imported)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths = {fields[-1] for fields in map(str.split, lines) if len(fields) >= 6}  # the 6th field: the mapped file
+    return sorted(path for path in paths if _OPENMP.search(path))
+
+
+def ldflags() -> list[str]:
+    """torch's OpenMP runtime by path (its own soname then resolves to the loaded copy), else the compiler's."""
+    runtimes = openmp_runtimes()
+    torch_own = [r for r in runtimes if "/torch/lib/" in r or "/torch.libs/" in r]
+    return (torch_own or runtimes or ["-fopenmp"])[:1]
+
+
 def build_name() -> str:
     """tritonllm_kernels_<hash of sources, flags, torch, CPU>: a change of any of them builds anew."""
     texts = [path.read_text() for path in SOURCES + HEADERS]
-    key = "\n".join([*texts, " ".join(CFLAGS), torch.__version__, _cpu_flags()])
+    key = "\n".join([*texts, " ".join(CFLAGS + tuple(ldflags())), torch.__version__, _cpu_flags()])
     return "tritonllm_kernels_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -77,7 +99,7 @@ def load() -> ModuleType:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         return cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
-                                  build_directory=str(directory), verbose=False)
+                                  extra_ldflags=ldflags(), build_directory=str(directory), verbose=False)
     except Exception as exc:  # a compiler, ninja or header missing: say which
         raise KernelUnavailable(f"building the kernels ({', '.join(s.name for s in SOURCES)}) in {directory} "
                                 f"failed: {exc}") from exc

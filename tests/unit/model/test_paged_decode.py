@@ -83,6 +83,25 @@ def test_bad_column_ranges_and_dtypes_are_refused():
         paged_decode(q.double(), pool.double(), pool.double(), slots, torch.tensor([0]), one, 1.0, None)
 
 
+def test_the_kernels_run_on_torchs_openmp_runtime_in_parallel_with_the_same_result():
+    from backend.model.kernels.build import openmp_runtimes
+
+    load()
+    assert len(openmp_runtimes()) == 1, openmp_runtimes()  # one runtime: torch.set_num_threads governs the kernels
+    inputs = _decode_step([37, 1, 64, 200], ctx_start=[0, 0, 16, 96], block=16, slots_total=2048, seed=3)
+    _, meta, _ = step_tensors(inputs, ROTARY, {None}, torch.float32, CPU, paged_decode=True)
+    k_cache, v_cache, q = torch.randn(2048, 4, 32), torch.randn(2048, 4, 32), torch.randn(4, 8, 32)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(paged_decode(q, k_cache, v_cache, meta.context_slots, *meta.decode_columns[None], 0.2, None))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_where_the_kernel_is_chosen():
     assert resolve_attention_kernel("auto", "cpu", torch.float32) == "paged"
     assert resolve_attention_kernel("auto", "cpu", torch.bfloat16) == "torch"
