@@ -37,6 +37,9 @@ class AttentionMetadata:
     # Decode steps run by the paged kernel (backend/model/kernels/): window -> ((B,), (B,)) int64, the first and
     # past-the-last context column each sequence's query attends to; None: gather + SDPA with `masks`.
     decode_columns: dict[int | None, tuple[torch.Tensor, torch.Tensor]] | None = None
+    # Windows whose mask is plain top-left causal (every sequence's context is its new tokens, from column 0, and the
+    # window does not cut it): SDPA's is_causal skips the blocks above the diagonal, the same result bit for bit.
+    causal: frozenset[int | None] = frozenset()
 
 
 class RMSNorm(nn.Module):
@@ -83,9 +86,12 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-           softcap: float | None) -> torch.Tensor:
+           softcap: float | None, causal: bool = False) -> torch.Tensor:
     """q (B, H, Q, D), k/v (B, H_kv, L, D), mask (B, 1, Q, L) bool -> (B, H, Q, D). Soft-capping needs the scores
-    themselves, so it runs the eager computation HF runs (scale, cap, mask, float32 softmax); otherwise SDPA."""
+    themselves, so it runs the eager computation HF runs (scale, cap, mask, float32 softmax); otherwise SDPA, told
+    is_causal where `causal` says the mask is top-left causal (Q == L: half the work of a long prompt's prefill)."""
+    if softcap is None and causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     if softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     groups = q.shape[1] // k.shape[1]
@@ -138,7 +144,8 @@ class Attention(nn.Module):
         q_pad = (q.view(B, 1, self.n_heads, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
         k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2)  # (B, n_kv, L, head_dim)
         v_ctx = gather(v_cache, meta.context_slots).transpose(1, 2)
-        out = attend(q_pad, k_ctx, v_ctx, meta.masks[self.window], self.scale, self.softcap)
+        out = attend(q_pad, k_ctx, v_ctx, meta.masks[self.window], self.scale, self.softcap,
+                     self.window in meta.causal)
         out = out.transpose(1, 2).reshape(B * Q, self.n_heads * d)
         return self.dense(out if meta.decode_only else out[meta.query_flat])  # (T, heads*dim) in token order
 

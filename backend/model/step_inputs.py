@@ -96,11 +96,21 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
         cos=cos.to(dtype),
         sin_signed=signed_sin(sin.to(dtype)),
         decode_only=Q == 1 and inputs.tokens.numel() == B,
+        causal=_causal_windows(start, ctx0, Q, windows),
     )
     if paged_decode and meta.decode_only:
         meta.decode_columns = _decode_columns(end - ctx0, windows, device)
     logits_index = (first + q_len - 1)[inputs.sampled.bool()]  # the last new token of each sequence that samples
     return inputs.tokens.to(device), meta, logits_index.to(device)
+
+
+def _causal_windows(start: torch.Tensor, ctx0: torch.Tensor, Q: int, windows: set[int | None]) -> frozenset:
+    """The windows whose mask is top-left causal: every sequence's context columns are its new tokens (its first
+    new position is its first context position), so query q sees columns 0..q, and the window (if any) spans all Q.
+    Padded query rows then see padded columns too; their rows are dropped."""
+    if Q == 1 or not bool((start == ctx0).all()):
+        return frozenset()
+    return frozenset(w for w in windows if w is None or w >= Q)
 
 
 def _decode_columns(stop: torch.Tensor, windows: set[int | None],

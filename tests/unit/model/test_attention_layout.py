@@ -46,3 +46,19 @@ def test_decode_only_layout_matches_the_padded_layout():
         k_cache, v_cache = torch.randn(24, 2, 16, generator=g), torch.randn(24, 2, 16, generator=g)
         outs.append(attention(x, k_cache, v_cache, m))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_a_fresh_prefill_told_causal_equals_its_mask():
+    """A step of fresh prompts (ragged, padded) runs SDPA with is_causal: the same output bit for bit as the
+    masked call it replaces."""
+    torch.manual_seed(2)
+    attention = Attention(AttentionFeatures(64, 4, 2, 16, False, False, 1e-6, 0.25, None), window=None)
+    rotary = RotaryEmbedding(RopeSpec("default", 10000.0, 16, 64), torch.device("cpu"))
+    inputs = StepInputs.of(tokens=torch.arange(60), start=torch.tensor([0, 0, 0]), end=torch.tensor([37, 3, 20]),
+                           sampled=torch.tensor([1, 1, 1]), context_slots=torch.arange(3 * 37).view(3, 37))
+    _, meta, _ = step_tensors(inputs, rotary, {None}, torch.float32, torch.device("cpu"))
+    assert meta.causal == {None}
+    x = torch.randn(60, 64)
+    outs = [attention(x, torch.zeros(111, 2, 16), torch.zeros(111, 2, 16), m)
+            for m in (meta, dataclasses.replace(meta, causal=frozenset()))]
+    assert torch.equal(outs[0], outs[1])

@@ -60,3 +60,22 @@ def test_a_step_of_single_tokens_is_decode_only():
                            sampled=torch.tensor([1, 1]), context_slots=torch.arange(16).view(2, 8))
     _, meta, _ = step_tensors(inputs, ROTARY, {None}, torch.float32, torch.device("cpu"))
     assert meta.decode_only and meta.query_index.shape == (2, 1)
+
+
+def test_causal_windows_only_where_the_mask_is_top_left_causal():
+    """Fresh prompts (contexts = their new tokens, from column 0): every window spanning the longest chunk is plain
+    causal, and the masks say so too; a cached prefix, a shorter window or a decode step is not."""
+    def meta_of(start, end, ctx_start=None):
+        inputs = StepInputs.of(tokens=torch.arange(int((torch.tensor(end) - torch.tensor(start)).sum())),
+                               start=torch.tensor(start), end=torch.tensor(end), sampled=torch.ones(len(start)),
+                               context_slots=torch.arange(len(start) * 8).view(len(start), 8),
+                               ctx_start=None if ctx_start is None else torch.tensor(ctx_start))
+        return step_tensors(inputs, ROTARY, {None, 3, 5}, torch.float32, torch.device("cpu"))[1]
+
+    fresh = meta_of([0, 0], [5, 2])
+    assert fresh.causal == {None, 5}
+    for w in fresh.causal:  # the valid query rows of the mask are the lower triangle
+        assert torch.equal(fresh.masks[w][0, 0], torch.ones(5, 8, dtype=torch.bool).tril()[:, :8] & (torch.arange(8) < 5))
+    assert meta_of([3, 0], [5, 2]).causal == frozenset()  # sequence 0 has 3 cached positions
+    assert meta_of([4, 0], [5, 2], ctx_start=[4, 0]).causal == {None, 3, 5}  # released positions 0..3; chunks <= 2
+    assert meta_of([4, 6], [5, 7]).causal == frozenset()  # a decode step
