@@ -102,6 +102,45 @@ def test_the_kernels_run_on_torchs_openmp_runtime_in_parallel_with_the_same_resu
     assert torch.equal(outs[0], outs[1])
 
 
+def test_the_kernel_lets_other_python_threads_run():
+    """The binding releases the GIL (bindings.cpp, as torch's operators do): a served engine's response-sending
+    thread runs while a step is in the kernels. A counting thread advances during one long call; were the GIL held,
+    it could not run at all until the call returned."""
+    import threading
+    import time
+
+    load()
+    g = torch.Generator().manual_seed(0)
+    slots = torch.randint(0, 8192, (16, 16384), generator=g)
+    k_cache, v_cache, q = torch.randn(8192, 4, 64), torch.randn(8192, 4, 64), torch.randn(16, 16, 64)
+    first, stop = torch.zeros(16, dtype=torch.long), torch.full((16,), 16384)
+    count, done = [0], threading.Event()
+
+    def counter() -> None:
+        while not done.is_set():
+            count[0] += 1
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core for the kernel, one for the counter
+    worker = threading.Thread(target=counter)
+    worker.start()
+    try:
+        time.sleep(0.01)
+        alone, began = count[0], time.perf_counter()
+        time.sleep(0.05)  # the counter alone: its rate
+        rate = (count[0] - alone) / (time.perf_counter() - began)
+        before, began = count[0], time.perf_counter()
+        paged_decode(q, k_cache, v_cache, slots, first, stop, 0.125, None)
+        took, during = time.perf_counter() - began, count[0] - before
+    finally:
+        done.set()
+        worker.join()
+        torch.set_num_threads(threads)
+    assert took > 0.02, f"the call took {took * 1e3:.1f} ms: too short to tell"
+    # Held, the counter would get at most one switch interval (5 ms) of the call: ~10 % of its rate here.
+    assert during > 0.5 * rate * took, f"{during} counts in {took * 1e3:.1f} ms at {rate:.0f}/s alone: GIL held"
+
+
 def test_where_the_kernel_is_chosen():
     assert resolve_attention_kernel("auto", "cpu", torch.float32) == "paged"
     assert resolve_attention_kernel("auto", "cpu", torch.bfloat16) == "torch"
