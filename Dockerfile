@@ -28,10 +28,10 @@ ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/tritonllm
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY . .
-# g++ builds the paged decode attention kernel (backend/model/kernels/; for the CPU it runs on: a different CPU at
-# run time builds it again there).
+# g++ builds the compiled kernels (backend/model/kernels/: paged decode attention, a decode step's layers; for the CPU
+# they run on: a different CPU at run time builds them again there).
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 # Editable: the model repository templates (model_repository/) are read from the source tree.
-RUN pip install -e ".[server]" && python3 -m backend.model.kernels.paged_decode && python3 -m build_engines demo
+RUN pip install -e ".[server]" && python3 -m backend.model.kernels.build && python3 -m build_engines demo
 EXPOSE 8000 8001 8002 8003
 CMD ["python3", "-m", "ensembles", "serve", "--demo", "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002", "--health-port", "8003"]
