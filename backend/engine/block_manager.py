@@ -196,9 +196,9 @@ class BlockManager:
         firsts = torch.zeros_like(lengths) if firsts is None else firsts
         B, L, size = len(seqs), int((lengths - firsts).max()), self.block_size
         width = max(len(seq.block_table) for seq in seqs)
-        tables = torch.zeros(B, width, dtype=torch.long)  # (B, blocks) padded block tables
-        for b, seq in enumerate(seqs):
-            tables[b, : len(seq.block_table)] = torch.tensor([0 if x is None else x for x in seq.block_table])
+        # (B, blocks) padded block tables, built as one list: one tensor a step, not one per sequence
+        tables = torch.tensor([[0 if x is None else x for x in seq.block_table] + [0] * (width - len(seq.block_table))
+                               for seq in seqs], dtype=torch.long)
         positions = firsts[:, None] + torch.arange(L)  # (B, L)
         slots = tables.gather(1, (positions // size).clamp(max=width - 1)) * size + positions % size
         return torch.where(positions < lengths[:, None], slots, 0)
