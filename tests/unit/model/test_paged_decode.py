@@ -120,25 +120,33 @@ def test_the_kernel_lets_other_python_threads_run():
         while not done.is_set():
             count[0] += 1
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one core for the kernel, one for the counter
-    worker = threading.Thread(target=counter)
-    worker.start()
-    try:
-        time.sleep(0.01)
+    def share_during_a_call() -> tuple[float, str]:
+        """Counts during one call / the counter's own rate over the call's time (held GIL: at most one switch
+        interval, 5 ms, of a ~100 ms call: ~0.1)."""
         alone, began = count[0], time.perf_counter()
         time.sleep(0.05)  # the counter alone: its rate
         rate = (count[0] - alone) / (time.perf_counter() - began)
         before, began = count[0], time.perf_counter()
         paged_decode(q, k_cache, v_cache, slots, first, stop, 0.125, None)
         took, during = time.perf_counter() - began, count[0] - before
+        assert took > 0.02, f"the call took {took * 1e3:.1f} ms: too short to tell"
+        return during / (rate * took), f"{during} counts in {took * 1e3:.1f} ms at {rate:.0f}/s alone"
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core for the kernel, one for the counter
+    worker = threading.Thread(target=counter)
+    worker.start()
+    try:
+        tries = []
+        for _ in range(3):  # a busy machine may starve the counter once; a held GIL starves it every time
+            tries.append(share_during_a_call())
+            if tries[-1][0] > 0.5:
+                break
     finally:
         done.set()
         worker.join()
         torch.set_num_threads(threads)
-    assert took > 0.02, f"the call took {took * 1e3:.1f} ms: too short to tell"
-    # Held, the counter would get at most one switch interval (5 ms) of the call: ~10 % of its rate here.
-    assert during > 0.5 * rate * took, f"{during} counts in {took * 1e3:.1f} ms at {rate:.0f}/s alone: GIL held"
+    assert tries[-1][0] > 0.5, f"the GIL looks held during the kernel: {tries}"
 
 
 def test_where_the_kernel_is_chosen():
