@@ -2,6 +2,8 @@
 pipeline parallelism (backend/model/parallel/pipeline_parallel.py) runs each stage's part with the same code."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -59,6 +61,9 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k, v), each (slots, n_kv, head_dim)
         logits_index: torch.Tensor,  # (S,) flat index of the tokens whose next-token logits are wanted
+        layers: Callable[[torch.Tensor, AttentionMetadata, list], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        x = self.run_layers(self.embed(input_ids), meta, kv_caches)
+        """`layers`: what runs the decoder layers instead of run_layers (the same signature and result; the
+        compiled decode layers, backend/model/kernels/decode_layers.py)."""
+        x = (layers or self.run_layers)(self.embed(input_ids), meta, kv_caches)
         return self.head(x[logits_index])  # (S, vocab)

@@ -49,10 +49,8 @@ class ModelRunner:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
         input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device,
                                                            self.attention_kernel == "paged")
-        if self.native_layers is not None and meta.decode_columns is not None:  # a decode step: one compiled call
-            x = self.native_layers(self.model.embed(input_ids), meta, self.kv.layers)
-            return self.model.head(x[logits_index])
-        return self.model(input_ids, meta, self.kv.layers, logits_index)
+        native = self.native_layers if meta.decode_columns is not None else None  # a decode step: one compiled call
+        return self.model(input_ids, meta, self.kv.layers, logits_index, native)
 
     def close(self) -> None:
         """Nothing outlives an in-process runner (backend/model/parallel/driver.py's has worker processes)."""

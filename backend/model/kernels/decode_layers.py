@@ -20,15 +20,11 @@ ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_layers.cpp's activation code
 _ABSENT = torch.empty(0)
 
 
-def _packed(module: object) -> torch.Tensor | None:
-    return module.packed if isinstance(module, PrepackedLinear) else None
-
-
 def _layer_unsupported(layer: DecoderLayer) -> str | None:
     attn, mlp = layer.attention, layer.mlp
     linears = {"qkv": attn.qkv, "dense": attn.dense, "proj": mlp.proj, "fc": mlp.fc if mlp.fused else mlp.fc_gate}
     for name, module in linears.items():
-        if _packed(module) is None:
+        if not isinstance(module, PrepackedLinear):
             return f"its {name} linear is a {type(module).__name__}, not a oneDNN-prepacked float linear"
         if name != "qkv" and module.bias is not None:
             return f"its {name} linear has a bias"
