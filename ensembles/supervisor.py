@@ -220,7 +220,10 @@ class Supervisor:
         grace = self.sup.shutdown_grace_s
         # The models first, then readiness: once a probe sees "draining", no model admits a new request.
         self.control.set_phase(ServerPhase("draining", why))
-        self._wait_acknowledged("draining", ACK_TIMEOUT_S)
+        began = time.monotonic()
+        seen = self._wait_acknowledged("draining", ACK_TIMEOUT_S)
+        _say(f"every model process saw draining after {time.monotonic() - began:.2f} s" if seen else
+             f"not every model process saw draining within {ACK_TIMEOUT_S:g} s: readiness turns false anyway")
         self._set("draining", f"{why}: in-flight requests have {grace:g} s to finish")
         left = self._wait_inflight(grace, second_signal_ends=True)
         if left:

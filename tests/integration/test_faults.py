@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ensembles.render import RepoSpec, render
+from ensembles.supervisor import ACK_TIMEOUT_S
 from tests.integration.launcher import REPO_ROOT, Launcher, alive, wait_for
 from tests.integration.oracle import hf_text
 from tests.integration.tenant_client import Outcome, generate
@@ -135,7 +136,9 @@ def test_sigterm_via_make_serve_drains_then_exits_cleanly(launch, tmp_path):
         assert wait_for(lambda: _generating(launcher, 16), 60)  # the short ones are in
         launcher.signal(signal.SIGTERM)
         sent = time.monotonic()
-        assert wait_for(lambda: launcher.health_ready() == 503, 2.0, 0.05)
+        # Readiness turns false once every model process saw "draining", at the latest after ACK_TIMEOUT_S.
+        assert wait_for(lambda: launcher.health_ready() == 503, ACK_TIMEOUT_S + 1.0, 0.05), \
+            launcher.log_path.read_text()[-3000:]
         refused = generate(launcher.grpc_url, "def late(", 4)
         short, long = [f.result(timeout=60) for f in short], [f.result(timeout=60) for f in long]
         launcher.proc.wait(GRACE_S + 30)
@@ -146,7 +149,8 @@ def test_sigterm_via_make_serve_drains_then_exits_cleanly(launch, tmp_path):
     assert all(not out.ok and f"the {GRACE_S:g} s shutdown grace period ended" in out.error for out, _ in long), \
         [o.error for o, _ in long]
     assert all(GRACE_S - 0.5 <= at - sent < GRACE_S + 5 for _, at in long), [at - sent for _, at in long]
-    print(f"launcher exited {exited_s:.1f} s after SIGTERM (grace {GRACE_S:g} s); long streams: {long[0][0].error}")
+    acks = [line for line in launcher.log_path.read_text().splitlines() if "saw draining" in line]
+    print(f"launcher exited {exited_s:.1f} s after SIGTERM (grace {GRACE_S:g} s); {acks}; long streams: {long[0][0].error}")
     assert exited_s < GRACE_S + 10
     assert "stopped: shutting down on SIGTERM" in launcher.log_path.read_text()
     assert not alive(server) and not any(alive(s) for s in stubs)
