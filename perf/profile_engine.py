@@ -2,7 +2,7 @@
 cProfile of the Python side, for one checkpoint and batch size. Writes perf/report/profile_<name>_bs<N>.txt.
 A measurement, not a test.
 
-    .venv/bin/python perf/profile_engine.py [--hf DIR] [--name demo] [--batch 16] [--prompt-len 128] [--steps 32]
+    .venv/bin/python perf/profile_engine.py [--hf DIR [--dtype D]] [--name demo] [--batch 16] [--prompt-len 128] [--steps 32]
 """
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def timed_steps(engine: LLMEngine, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hf", type=Path)
+    parser.add_argument("--dtype", default="float32", help="the checkpoint's dtype (converted from --hf)")
     parser.add_argument("--name", default="demo")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -63,7 +64,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="EngineConfig.num_threads (default: torch's)")
     args = parser.parse_args()
     config = {k: v for k, v in (("linear_kernel", args.linear_kernel), ("num_threads", args.threads)) if v}
-    model = artifacts.from_hf(args.hf) if args.hf else artifacts.demo()
+    model = artifacts.from_hf(args.hf, args.dtype) if args.hf else artifacts.demo()
     engine = start_engine(model.engine_dir, args.batch, args.prompt_len, args.steps, **config)
     plain = timed_steps(engine, args.steps)
     if args.time_only:

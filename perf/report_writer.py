@@ -107,23 +107,30 @@ ENGINES = (("ours", "ours, every core"), ("ours-1t", "ours, 1 thread"), ("hf", "
            ("vllm", "vLLM-CPU"))
 
 
-def engine_medians(rows: list[dict]) -> dict[tuple[str, int, str], float]:
-    """(checkpoint, batch, engine) -> median output tok/s over the rounds (and vLLM's two runs a round)."""
+def engine_medians(rows: list[dict]) -> dict[tuple[str, int, str, str], float]:
+    """(checkpoint, batch, engine, dtype) -> median output tok/s over the rounds (and vLLM's two runs a round)."""
     cells = defaultdict(list)
     for r in rows:
-        cells[(r["checkpoint"], r["size"], r["engine"])].append(r["tok_s"])
+        cells[(r["checkpoint"], r["size"], r["engine"], r.get("dtype", "float32"))].append(r["tok_s"])
     return {k: statistics.median(v) for k, v in cells.items()}
+
+
+def fastest(med: dict, checkpoint: str, size: int, engines: tuple[str, ...]) -> tuple[float, str]:
+    """The best median of `engines` over the dtypes (issue 16: each engine in its fastest dtype), and that dtype."""
+    cells = [(tok_s, dt) for (c, n, e, dt), tok_s in med.items() if (c, n) == (checkpoint, size) and e in engines]
+    return max(cells, default=(0.0, "-"))
 
 
 def plot_peers(rows: list[dict], path: Path) -> None:
     med = engine_medians(rows)
-    groups = sorted({(c, n) for c, n, _ in med})
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    groups = sorted({(c, dt, n) for c, n, _, dt in med})
+    fig, ax = plt.subplots(figsize=(9, 3.8))
     width = 0.2
     for i, (name, label) in enumerate(ENGINES):
-        ax.bar([j + i * width for j in range(len(groups))], [med.get((c, n, name), 0) for c, n in groups], width,
-               label=label)
-    ax.set_xticks([j + 1.5 * width for j in range(len(groups))], [f"{c}, batch {n}" for c, n in groups])
+        ax.bar([j + i * width for j in range(len(groups))], [med.get((c, n, name, dt), 0) for c, dt, n in groups],
+               width, label=label)
+    ax.set_xticks([j + 1.5 * width for j in range(len(groups))], [f"{c} {dt}\nbatch {n}" for c, dt, n in groups],
+                  fontsize=7)
     ax.set(ylabel="output tokens/s (median)", yscale="log")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -208,41 +215,55 @@ the cost of Triton + gRPC from that of tokenizing and detokenizing every streame
 
 def _peers_part(peers: dict, a: dict, tried: bool, plots: Path) -> str:
     """Issue 16's in-process goals: the side-by-side table, the batch-1 floor, a long prompt's first token."""
-    rows, floor, ttft = peers["side_by_side"], peers["decode_floor"], peers["long_prompt_ttft"]
+    rows, floors, ttfts = peers["side_by_side"], peers["decode_floor"], peers["long_prompt_ttft"]
+    floors, ttfts = (floors if isinstance(floors, list) else [floors]), (ttfts if isinstance(ttfts, list) else [ttfts])
     med = engine_medians(rows)
     goals = []
-    for (ck, n) in sorted({(c, k) for c, k, _ in med}):
-        ours = max(med.get((ck, n, "ours"), 0), med.get((ck, n, "ours-1t"), 0))
-        vllm = med.get((ck, n, "vllm"))
+    for (ck, n) in sorted({(c, k) for c, k, _, _ in med}):
+        (ours, ours_dt), (vllm, vllm_dt) = fastest(med, ck, n, ("ours", "ours-1t")), fastest(med, ck, n, ("vllm",))
         target = 1.5 if n >= 16 else 1.2
         if vllm:
             verdict = "met" if ours >= target * vllm else "missed"
-            goals.append(f"{ck} batch {n}: {ours / vllm:.2f}x (goal {target}x: {verdict})")
-    same = [r["equal_to_hf"] for r in rows if "equal_to_hf" in r]
-    ours_ttft, vllm_ttft = statistics.median(ttft["ours_s"]), ttft["vllm_s"] and statistics.median(ttft["vllm_s"])
-    vs = (f"vLLM-CPU {vllm_ttft * 1e3:.0f} ms ({'met' if ours_ttft <= vllm_ttft else 'missed'}: ours / vLLM "
-          f"{ours_ttft / vllm_ttft:.2f})" if vllm_ttft else _vllm(None, tried))
-    return f"""Output tokens/s, greedy float32, one static batch ({a['prompt_len']}-token prompts cut from held-out
+            goals.append(f"{ck} batch {n}: {ours / vllm:.2f}x (ours {ours_dt} / vLLM {vllm_dt}; goal {target}x: "
+                         f"{verdict})")
+    same = [r["equal_to_hf"] for r in rows if "equal_to_hf" in r and r.get("dtype", "float32") == "float32"]
+    return f"""Output tokens/s, greedy, float32 and bfloat16 checkpoints, one static batch ({a['prompt_len']}-token prompts cut from held-out
 standard-library source, {a['new_tokens']} new tokens), {a['rounds']} rounds interleaved engine by engine
 (perf/bench_peers.py over perf/bench_side_by_side.py); ranges over rounds (vLLM-CPU runs twice a round in its
 process); "ours / vLLM" = ours at every core against vLLM's range. Checkpoints: the demo model and a random-init
 Llama of 116M parameters (hidden 768, 12 layers, 12 heads / 4 KV heads, intermediate 3072, the demo tokenizer).
 
 {bench_side_by_side.table(rows)}
-Best of ours (either thread count) / vLLM-CPU, medians (issue 16's goals: 1.5x at batch 16, 1.2x at batch 1):
-{'; '.join(goals) or 'vLLM-CPU ' + _vllm(None, tried)}.
-Greedy tokens of ours equal HF's in {sum(same)} of {len(same)} runs (where they differ, perf/ISSUE16.md shows the
-125M model's batch-16 row 3: a float32 near-tie that a float64 reference decides for ours).
+Best of ours (either thread count, either dtype) / best of vLLM-CPU (either dtype), medians (issue 16's goals: 1.5x
+at batch 16, 1.2x at batch 1, each engine in its fastest dtype): {'; '.join(goals) or 'vLLM-CPU ' + _vllm(None, tried)}.
+Ours runs a bfloat16 checkpoint with bf16 linears beside float32 activations where the CPU has native bf16
+(docs/operations.md, `linear_dtype`); bfloat16 rows are checked by log-prob closeness in the tests, not here.
+Float32 greedy tokens of ours equal HF's in {sum(same)} of {len(same)} runs (where they differ, perf/ISSUE16.md shows
+the 125M model's batch-16 row 3: a float32 near-tie that a float64 reference decides for ours).
 
 ![engines]({plots}/engines.png)
 
 Batch-1 decode step of the 125M model against its memory-bandwidth floor (weights read once per step / copy
-bandwidth; median of {len(floor['step_s'])} steps, every core, linear kernel {floor['linear_kernel']}; goal 1.3x):
+bandwidth; median of {len(floors[0]['step_s'])} steps, every core, linear kernel {floors[0]['linear_kernel']}; goal
+1.3x):
 
-{bench_decode_floor.table(floor)}
-Time to first token of one {ttft['prompt_len']}-token prompt on the 125M model (max_tokens 1: prefill + one
-token; median of {len(ttft['ours_s'])} after a warm-up, every core): ours {ours_ttft * 1e3:.0f} ms, {vs}.
+{bench_decode_floor.table(floors)}
+Time to first token of one {ttfts[0]['prompt_len']}-token prompt on the 125M model (max_tokens 1: prefill + one
+token; median of {len(ttfts[0]['ours_s'])} after a warm-up, every core; goal: ours in its fastest dtype at most
+vLLM-CPU's in its fastest): {_ttft_line(ttfts, tried)}.
 """
+
+
+def _ttft_line(ttfts: list[dict], tried: bool) -> str:
+    ours = {t.get("dtype", "float32"): statistics.median(t["ours_s"]) for t in ttfts}
+    vllm = {t.get("dtype", "float32"): statistics.median(t["vllm_s"]) for t in ttfts if t["vllm_s"]}
+    cells = "; ".join(f"{dt}: ours {s * 1e3:.0f} ms, vLLM-CPU " + (f"{vllm[dt] * 1e3:.0f} ms" if dt in vllm else "-")
+                      for dt, s in ours.items())
+    if not vllm:
+        return f"{cells} (vLLM-CPU {_vllm(None, tried)})"
+    best_ours, best_vllm = min(ours.values()), min(vllm.values())
+    return (f"{cells}; fastest ours / fastest vLLM-CPU {best_ours / best_vllm:.2f} "
+            f"({'met' if best_ours <= best_vllm else 'missed'})")
 
 
 def _comparison_part(results: dict, plots: Path) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 LINEAR_KERNELS = ("auto", "torch", "onednn")  # backend/model/prepacked_linear.py
 ATTENTION_KERNELS = ("auto", "torch", "paged")  # backend/model/kernels/paged_decode.py
 DECODE_LAYERS = ("auto", "python", "native")  # backend/model/kernels/decode_layers.py
+LINEAR_DTYPES = ("auto", "checkpoint", "bfloat16")  # backend/model/prepacked_linear.py
 
 
 class SchedulerPolicy(str, Enum):
@@ -49,6 +50,10 @@ class EngineConfig:
     # same operations, bit-equal; needs the paged attention kernel and oneDNN linears), "python", "auto" (native
     # where it runs, else python).
     decode_layers: str = "auto"
+    # The float linears' dtype (backend/model/prepacked_linear.py, resolve_linear_dtype): "checkpoint", "bfloat16"
+    # (bf16 on oneDNN, everything else float32; CPUs with native bf16), "auto" (bfloat16 for an unquantized
+    # single-process bfloat16 checkpoint where the CPU has native bf16, else checkpoint).
+    linear_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -99,6 +104,11 @@ class EngineConfig:
                              f"attention_kernel {self.attention_kernel!r} / linear_kernel {self.linear_kernel!r}")
         if self.decode_layers == "native" and not self.device.startswith("cpu"):
             raise ValueError(f"decode_layers 'native' runs on CPU only, not on device {self.device!r}")
+        if self.linear_dtype not in LINEAR_DTYPES:
+            raise ValueError(f"linear_dtype must be one of {LINEAR_DTYPES}, got {self.linear_dtype!r}")
+        if self.linear_dtype == "bfloat16" and (self.linear_kernel == "torch" or not self.device.startswith("cpu")):
+            raise ValueError(f"linear_dtype 'bfloat16' runs on oneDNN on CPU, not linear_kernel "
+                             f"{self.linear_kernel!r} on device {self.device!r}")
         if self.linear_kernel != "onednn":
             return
         import torch

@@ -22,14 +22,23 @@ from backend.engine.sequence import Emitted, FinishReason, Request, SeqStatus, S
 from backend.engine.stats import EngineStats, StepSummary
 from backend.engine.thread_governor import ThreadGovernor
 from backend.errors import InvalidRequestError
-from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit
+from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit, torch_dtype
 from backend.model.features import DecoderFeatures
 from backend.model.loader import load_model
 from backend.model.parallel.driver import ParallelModelRunner
+from backend.model.prepacked_linear import resolve_linear_dtype
 from backend.model.runner import ModelRunner
 from backend.model.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
+
+
+def _linear_dtype(cfg: ModelConfig, config: EngineConfig, device: torch.device) -> torch.dtype | None:
+    """EngineConfig.linear_dtype resolved for this checkpoint (None: the linears run in the checkpoint's dtype)."""
+    if config.linear_dtype == "checkpoint" or config.linear_kernel == "torch":
+        return None  # EngineConfig refuses an explicit "bfloat16" beside linear_kernel "torch"
+    plain = cfg.mapping.world_size == 1 and not (cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo)
+    return resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), plain)
 
 
 class LLMEngine:
@@ -40,12 +49,17 @@ class LLMEngine:
                  torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
         self.config = config
         self.device = torch.device(config.device)
-        self.model_config = cfg = load_model_config(ckpt_dir)
+        cfg = load_model_config(ckpt_dir)
+        linear_dtype = _linear_dtype(cfg, config, self.device)
+        if linear_dtype is not None:  # bf16 linears beside float32 activations: the rest of the model in float32
+            cfg = dataclasses.replace(cfg, dtype="float32")
+        self.model_config = cfg
         limit = position_limit(cfg)
         if limit is not None and config.max_seq_len > limit:
             raise ValueError(f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings ({limit})")
         # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
-        model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device)
+        model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device,
+                                                                   cfg.dtype if linear_dtype is not None else None)
         self.kv_plan = plan_kv_cache(cfg, config, free_memory_bytes(self.device))
         log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
                  cfg.num_key_value_heads, cfg.head_size, cfg.dtype)
@@ -63,7 +77,7 @@ class LLMEngine:
             raise ValueError("decode_layers 'native' is not implemented for a sharded checkpoint (tensor or pipeline "
                              "parallel ranks run the Python layers): use 'auto' or 'python'")
         self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel,
-                                   config.attention_kernel, config.decode_layers)
+                                   config.attention_kernel, config.decode_layers, linear_dtype)
                        if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)

@@ -4,6 +4,7 @@ Built on the meta device, quantized linears swapped in where the checkpoint's qu
 (backend/model/quantized_linear.py), then the file's tensors assigned as stored (float8 / int8 tensors keep their dtype)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -15,9 +16,14 @@ from backend.model.quantized_linear import apply_quantization, prepare_quantized
 from backend.model.rotary import RotaryEmbedding
 
 
-def load_model(ckpt_dir: Path, device: torch.device) -> CausalLM:
+def load_model(ckpt_dir: Path, device: torch.device, dtype: str | None = None) -> CausalLM:
+    """The checkpoint's model, in `dtype` instead of its config's where given (a float checkpoint only)."""
     ckpt_dir = Path(ckpt_dir)
     cfg = load_model_config(ckpt_dir)
+    if dtype is not None:
+        if cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo:
+            raise ValueError(f"{ckpt_dir} is quantized ({cfg.quantization}): it runs in its own dtype, not {dtype}")
+        cfg = dataclasses.replace(cfg, dtype=dtype)
     if cfg.mapping.world_size != 1:
         raise ValueError(f"{ckpt_dir} is sharded (mapping {cfg.mapping}): one process per rank loads it "
                          "(backend/parallel), not load_model")

@@ -17,6 +17,10 @@ import torch
 from torch import nn
 
 LINEAR_KERNELS = ("auto", "torch", "onednn")
+# "checkpoint": linears compute in the checkpoint's dtype; "bfloat16": in bfloat16 on oneDNN with everything else
+# (embeddings, norms, attention, KV cache, residual stream, logits) in float32; "auto": bfloat16 for an unquantized
+# single-process bfloat16 checkpoint where the CPU has native bf16 arithmetic, else checkpoint.
+LINEAR_DTYPES = ("auto", "checkpoint", "bfloat16")
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +55,39 @@ def onednn_unavailable(device: torch.device | str, dtype: torch.dtype | None = N
     return None
 
 
+def bf16_linears_unavailable(device: torch.device | str) -> str | None:
+    """Why bfloat16 linears beside float32 activations cannot run here (None: they can)."""
+    if (reason := onednn_unavailable(device)) is not None:
+        return reason
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU has no native bf16 arithmetic (AVX-512 BF16 or AMX), where bf16 linears are slower than float32"
+    return None
+
+
+def resolve_linear_dtype(choice: str, device: torch.device | str, checkpoint_dtype: torch.dtype,
+                         plain: bool = True) -> torch.dtype | None:
+    """The dtype the linears compute in beside float32 activations (torch.bfloat16), or None: everything in the
+    checkpoint's dtype. `plain`: an unquantized checkpoint loaded in one process (quantized linears keep their own
+    kernels; sharded ranks run torch's linears). An explicit "bfloat16" that cannot run raises ValueError.
+
+    Why: on a CPU with native bf16 (AVX-512 BF16), oneDNN's bf16 linears take ~0.55x the time of its float32 ones
+    at 1-512 rows (half the weight bytes, twice the FMA width; perf/ISSUE16.md), while bf16 norms, rotary and
+    residual adds are slower than float32 ones there. For a bfloat16 checkpoint the weights are exact either way;
+    inputs are rounded to bf16 before each linear and its output after it, as in the checkpoint's own dtype."""
+    if choice not in LINEAR_DTYPES:
+        raise ValueError(f"linear_dtype must be one of {LINEAR_DTYPES}, got {choice!r}")
+    if choice == "checkpoint":
+        return None
+    reason = bf16_linears_unavailable(device) or (None if plain else
+                                                  "the checkpoint is quantized or sharded (its linears have their own "
+                                                  "kernels)")
+    if choice == "bfloat16":
+        if reason is not None:
+            raise ValueError(f"linear_dtype 'bfloat16' is unavailable: {reason}")
+        return torch.bfloat16
+    return torch.bfloat16 if reason is None and checkpoint_dtype == torch.bfloat16 else None
+
+
 def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str:
     """"auto" -> "onednn" where it can run, else "torch"; an explicit "onednn" that cannot run raises ValueError."""
     if kernel not in LINEAR_KERNELS:
@@ -67,36 +104,43 @@ def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.
 
 
 class PrepackedLinear(nn.Module):
-    """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter)."""
+    """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter), in `dtype` (None:
+    the weight's): x is rounded to it before the product and y widened back to x's dtype after it (bf16 linears
+    beside float32 activations; decode_layers.cpp's packed_linear does the same)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.dtype = dtype or weight.dtype
+        weight = weight.detach().to(self.dtype).contiguous()
         self.weight_bytes = weight.numel() * weight.element_size()
         # batch_size is a layout hint; the packed weight serves any number of rows (decode and prefill alike).
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 16)
-        self.bias = None if bias is None else bias.detach().clone()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16)
+        self.bias = None if bias is None else bias.detach().to(self.dtype).clone()
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> PrepackedLinear:
-        return cls(linear.weight, linear.bias)
+    def of(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> PrepackedLinear:
+        return cls(linear.weight, linear.bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if x.dtype == self.dtype:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def prepack_linears(model: nn.Module) -> nn.Module:
-    """Swap every plain float nn.Linear under `model` (and each MLP's fused fc/gate weight) for a PrepackedLinear."""
+def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Swap every plain float nn.Linear under `model` (and each MLP's fused fc/gate weight) for a PrepackedLinear
+    computing in `dtype` (None: the weights')."""
     with torch.inference_mode():
         for parent in list(model.modules()):
             fused = getattr(parent, "fc_gate", None)
             unused = ("fc", "gate") if isinstance(fused, torch.Tensor) else ()  # the fused weight replaces them
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear and child.weight.is_floating_point() and name not in unused:
-                    setattr(parent, name, PrepackedLinear.of(child))
+                    setattr(parent, name, PrepackedLinear.of(child, dtype))
             if unused:
-                parent.fc_gate = PrepackedLinear(fused, None)
+                parent.fc_gate = PrepackedLinear(fused, None, dtype)
     return model

@@ -32,14 +32,19 @@ class KVCache:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 linear_kernel: str = "torch", attention_kernel: str = "torch", decode_layers: str = "python") -> None:
+                 linear_kernel: str = "torch", attention_kernel: str = "torch", decode_layers: str = "python",
+                 linear_dtype: torch.dtype | None = None) -> None:
         """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); attention_kernel: "torch",
         "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py); decode_layers: "python", "native"
-        or "auto" (backend/model/kernels/decode_layers.py). The chosen ones are kept in self.linear_kernel,
-        self.attention_kernel and self.native_layers (None: the Python layers)."""
+        or "auto" (backend/model/kernels/decode_layers.py); linear_dtype: the oneDNN linears' dtype where it is not
+        the model's (resolve_linear_dtype). The chosen ones are kept in self.linear_kernel, self.attention_kernel and
+        self.native_layers (None: the Python layers)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
+        if linear_dtype is not None and self.linear_kernel != "onednn":
+            raise ValueError(f"linears in {linear_dtype} beside {torch_dtype(model.config)} activations run on oneDNN "
+                             f"only, not linear_kernel {linear_kernel!r}")
         self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
-        self.model = prepack_linears(model) if self.linear_kernel == "onednn" else model
+        self.model = prepack_linears(model, linear_dtype) if self.linear_kernel == "onednn" else model
         self.device = device
         self.kv = KVCache(model, num_blocks, block_size, device)
         self.native_layers = resolve_decode_layers(decode_layers, self.model, self.kv.layers, self.attention_kernel)

@@ -23,7 +23,7 @@ def window_logits(model: CausalLM, windows: torch.Tensor) -> torch.Tensor:
     B, n = windows.shape
     if n > cfg.max_position_embeddings:
         raise ValueError(f"windows of {n} tokens exceed max_position_embeddings ({cfg.max_position_embeddings})")
-    device, dtype = model.lm_head.weight.device, torch_dtype(cfg)
+    device, dtype = next(model.parameters()).device, torch_dtype(cfg)  # lm_head may be prepacked: no .weight
     inputs = StepInputs.of(tokens=windows.reshape(-1).long(), start=torch.zeros(B, dtype=torch.long),
                            end=torch.full((B,), n), sampled=torch.ones(B, dtype=torch.long),
                            context_slots=torch.arange(B * n).view(B, n))

@@ -2,7 +2,7 @@
 attention_kernel torch / paged, or decode_layers python / native), interleaved round by round: median step time per
 batch size, and whether both engines produced the same tokens. A measurement, not a test.
 
-    .venv/bin/python perf/probes/config_ab.py --field decode_layers --values python native [--hf DIR]
+    .venv/bin/python perf/probes/config_ab.py --field decode_layers --values python native [--hf DIR [--dtype D]]
         [--batch 1 16] [--rounds 5] [--steps 24] [--threads N] [--set FIELD=VALUE ...]
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--field", required=True, help="the EngineConfig field the two engines differ in")
     parser.add_argument("--values", nargs=2, required=True, metavar=("A", "B"))
     parser.add_argument("--hf", type=Path)
+    parser.add_argument("--dtype", default="float32", help="the checkpoint's dtype (converted from --hf)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
@@ -41,11 +42,11 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="string fields both engines share, e.g. decode_layers=python")
     args = parser.parse_args()
-    model = artifacts.from_hf(args.hf) if args.hf else artifacts.demo()
+    model = artifacts.from_hf(args.hf, args.dtype) if args.hf else artifacts.demo()
     config = {"num_threads": args.threads} if args.threads else {}
     config.update(item.split("=", 1) for item in args.set)
     a, b = args.values
-    print(f"# {args.hf or 'demo'}; {args.field} {a} / {b}; {args.set}; torch threads {args.threads or torch.get_num_threads()}; "
+    print(f"# {args.hf or 'demo'} ({args.dtype if args.hf else 'float32'}); {args.field} {a} / {b}; {args.set}; torch threads {args.threads or torch.get_num_threads()}; "
           f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     for batch in args.batch:
         engines = {v: start_engine(model.engine_dir, batch, args.prompt_len, args.rounds * args.steps,

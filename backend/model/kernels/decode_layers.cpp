@@ -1,8 +1,9 @@
 // Every decoder layer of a decode step in one call: the ATen operations backend/model/decoder.py runs, in the same
 // order on the same tensors, so the result is bit for bit the Python layers' (tests/unit/model/test_decode_layers.py),
 // without ~40 Python operator calls and 4-6 module calls per layer (about a quarter of the demo model's batch-1 step,
-// perf/ISSUE16.md). Float32 on CPU, linears prepacked for oneDNN (prepacked_linear.py), decode attention by
-// paged_decode.cpp; backend/model/kernels/decode_layers.py decides where it applies and lays out its arguments.
+// perf/ISSUE16.md). Float32 activations on CPU, linears prepacked for oneDNN (prepacked_linear.py: float32, or
+// bfloat16 beside float32 activations), decode attention by paged_decode.cpp; backend/model/kernels/decode_layers.py
+// decides where it applies and lays out its arguments.
 #include "kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -18,13 +19,16 @@ enum Slot : int64_t {
 
 bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 
-// x (T, in) @ a oneDNN-packed weight (+ bias): prepacked_linear.PrepackedLinear.forward's call.
+// x (T, in) @ a oneDNN-packed weight (+ bias): prepacked_linear.PrepackedLinear.forward's call, which rounds x to
+// the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  torch::jit::Stack stack{x, packed, present(bias) ? c10::IValue(bias) : c10::IValue(), std::string("none"),
+  const bool cast = packed.scalar_type() != x.scalar_type();
+  torch::jit::Stack stack{cast ? x.to(packed.scalar_type()) : x, packed,
+                          present(bias) ? c10::IValue(bias) : c10::IValue(), std::string("none"),
                           c10::List<std::optional<c10::Scalar>>(), std::string("")};
   op.callBoxed(stack);
-  return stack[0].toTensor();
+  return cast ? stack[0].toTensor().to(x.scalar_type()) : stack[0].toTensor();
 }
 
 // decoder.RMSNorm.forward in float32 (its .float() / .to(dtype) are no-ops there).

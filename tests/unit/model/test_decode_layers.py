@@ -1,7 +1,8 @@
 """The compiled decode layers (backend/model/kernels/decode_layers.cpp) against the Python layers they stand in for:
 the same output and the same KV pools bit for bit on a decode step of every family fixture (biases, q/k norms,
 sandwich norms with soft caps and float32 norm weights, fused gate/up, partial rotary, sliding windows; ragged
-contexts starting past released blocks); and where they are and are not chosen."""
+contexts starting past released blocks), with float32 linears and with bf16 ones; and where they are and are not
+chosen."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from backend.engine.config import EngineConfig
 from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
 from backend.model.loader import load_model
+from backend.model.prepacked_linear import bf16_linears_unavailable
 from backend.model.runner import ModelRunner, model_step_tensors
 from backend.model.step_inputs import StepInputs
 
@@ -37,9 +39,15 @@ def _runner(family_checkpoint, name: str, decode_layers: str = "native", **kerne
     return ModelRunner(model, BLOCKS, BLOCK, CPU, decode_layers=decode_layers, **kernels)
 
 
+LINEAR_DTYPES = [None, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    bf16_linears_unavailable(CPU) is not None, reason=f"bf16 linears: {bf16_linears_unavailable(CPU)}"))]
+
+
+@pytest.mark.parametrize("linear_dtype", LINEAR_DTYPES, ids=["float32", "bf16-linears"])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_equal_to_the_python_layers_bit_for_bit(family_checkpoint, name):
-    runner = _runner(family_checkpoint, name)
+def test_equal_to_the_python_layers_bit_for_bit(family_checkpoint, name, linear_dtype):
+    """Float32 linears, and bf16 ones beside float32 activations (each side rounds x and widens y the same way)."""
+    runner = _runner(family_checkpoint, name, linear_dtype=linear_dtype)
     assert runner.native_layers is not None
     inputs = _decode_step([37, 1, 60, 24], ctx_start=[0, 0, 16, 8], seed=len(name))
     input_ids, meta, _ = model_step_tensors(runner.model, inputs, CPU, paged_decode=True)
