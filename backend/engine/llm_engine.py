@@ -24,7 +24,7 @@ from backend.engine.thread_governor import ThreadGovernor
 from backend.errors import InvalidRequestError
 from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit, torch_dtype
 from backend.model.features import DecoderFeatures
-from backend.model.loader import load_model
+from backend.model.loader import load_model, widened_bytes
 from backend.model.parallel.driver import ParallelModelRunner
 from backend.model.prepacked_linear import resolve_linear_dtype
 from backend.model.runner import ModelRunner
@@ -33,12 +33,27 @@ from backend.model.step_inputs import StepInputs
 log = logging.getLogger(__name__)
 
 
-def _linear_dtype(cfg: ModelConfig, config: EngineConfig, device: torch.device) -> torch.dtype | None:
-    """EngineConfig.linear_dtype resolved for this checkpoint (None: the linears run in the checkpoint's dtype)."""
+def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device: torch.device) -> torch.dtype | None:
+    """EngineConfig.linear_dtype resolved for this checkpoint (None: the linears run in the checkpoint's dtype).
+    "auto" takes bf16 linears beside float32 activations only where the KV cache, then float32, keeps the capacity
+    the checkpoint's dtype would give it (float32 KV rows are twice as large, and the embedding widens)."""
     if config.linear_dtype == "checkpoint" or config.linear_kernel == "torch":
         return None  # EngineConfig refuses an explicit "bfloat16" beside linear_kernel "torch"
     plain = cfg.mapping.world_size == 1 and not (cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo)
-    return resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), plain)
+    dtype = resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), plain)
+    if dtype is None or config.linear_dtype != "auto":
+        return dtype
+    free = free_memory_bytes(device) - (Path(ckpt_dir) / "rank0.safetensors").stat().st_size
+    try:
+        own = plan_kv_cache(cfg, config, free).tokens
+        wide = plan_kv_cache(dataclasses.replace(cfg, dtype="float32"), config, free - widened_bytes(ckpt_dir)).tokens
+    except ValueError:  # not even one sequence fits one way: keep the checkpoint's dtype (its own refusal follows)
+        return None
+    if wide < own:
+        log.info("linear_dtype 'auto' keeps %s linears: float32 activations would leave the KV cache %d tokens, "
+                 "not %d", cfg.dtype, wide, own)
+        return None
+    return dtype
 
 
 class LLMEngine:
@@ -50,7 +65,7 @@ class LLMEngine:
         self.config = config
         self.device = torch.device(config.device)
         cfg = load_model_config(ckpt_dir)
-        linear_dtype = _linear_dtype(cfg, config, self.device)
+        linear_dtype = _linear_dtype(ckpt_dir, cfg, config, self.device)
         if linear_dtype is not None:  # bf16 linears beside float32 activations: the rest of the model in float32
             cfg = dataclasses.replace(cfg, dtype="float32")
         self.model_config = cfg
@@ -58,8 +73,7 @@ class LLMEngine:
         if limit is not None and config.max_seq_len > limit:
             raise ValueError(f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings ({limit})")
         # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
-        model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device,
-                                                                   cfg.dtype if linear_dtype is not None else None)
+        model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device, linear_dtype)
         self.kv_plan = plan_kv_cache(cfg, config, free_memory_bytes(self.device))
         log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
                  cfg.num_key_value_heads, cfg.head_size, cfg.dtype)

@@ -14,7 +14,8 @@ from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
-from backend.model.config import load_model_config
+from backend.engine.memory_plan import free_memory_bytes
+from backend.model.config import kv_bytes_per_token, load_model_config
 from backend.model.loader import load_model
 from backend.model.prepacked_linear import (
     PrepackedLinear, bf16_linears_unavailable, prepack_linears, resolve_linear_dtype)
@@ -58,7 +59,9 @@ def test_log_probs_as_close_to_float32_as_hf_bfloat16(bf16_checkpoint, name):
     with torch.inference_mode():
         reference = _log_probs(_hf(hf_dir, torch.float32)(ids).logits)
         hf_bf16 = _log_probs(_hf(hf_dir, torch.bfloat16)(ids).logits)
-    model = prepack_linears(load_model(ckpt, CPU, dtype="float32"), torch.bfloat16)
+    model = load_model(ckpt, CPU, linear_dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.float32, torch.bfloat16}  # linears never widened
+    model = prepack_linears(model, torch.bfloat16)
     ours = _log_probs(window_logits(model, ids))
     hf_err, our_err = (hf_bf16 - reference).abs(), (ours - reference).abs()
     print(f"{name}: |log p - float32| mean / max: HF bf16 {hf_err.mean():.2e} / {hf_err.max():.2e}, "
@@ -122,3 +125,18 @@ def test_auto_on_a_bfloat16_checkpoint(bf16_checkpoint):
     engine = LLMEngine(ckpt, EngineConfig(max_batch_size=2, max_seq_len=64, max_input_len=32, device="cpu",
                                           linear_dtype="checkpoint"))
     assert engine.model_config.dtype == "bfloat16" and engine.runner.native_layers is None
+
+
+@needs_bf16
+def test_auto_keeps_the_checkpoint_dtype_where_float32_kv_would_hold_less(bf16_checkpoint):
+    """Memory-bound KV cache (a small kv_cache_free_mem_fraction): float32 rows would halve its capacity, so "auto"
+    keeps bf16 everywhere; where memory is not the limit (max_batch_size x max_seq_len is), it takes bf16 linears."""
+    ckpt = bf16_checkpoint("llama3")[1]
+    limits = dict(max_batch_size=8, max_seq_len=64, max_input_len=32, tokens_per_block=8, device="cpu")
+    per_token = kv_bytes_per_token(load_model_config(ckpt))  # bfloat16 rows
+    fraction = 4.5 * 64 * per_token / free_memory_bytes(CPU)  # ~4.5 sequences in bf16, ~2.2 in float32
+    tight = LLMEngine(ckpt, EngineConfig(**limits, kv_cache_free_mem_fraction=fraction))
+    assert tight.model_config.dtype == "bfloat16" and tight.runner.native_layers is None
+    roomy = LLMEngine(ckpt, EngineConfig(**limits))
+    assert roomy.model_config.dtype == "float32" and roomy.runner.native_layers is not None
+    assert 4 * 64 <= tight.kv_plan.tokens < roomy.kv_plan.tokens == 8 * 64
