@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from backend.engine.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.memory_plan import free_memory_bytes
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
-from backend.engine.memory_plan import free_memory_bytes
 from backend.model.config import kv_bytes_per_token, load_model_config
 from backend.model.loader import load_model
 from backend.model.prepacked_linear import (
