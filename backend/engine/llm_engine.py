@@ -33,14 +33,23 @@ from backend.model.step_inputs import StepInputs
 log = logging.getLogger(__name__)
 
 
+def _not_plain(cfg: ModelConfig) -> str | None:
+    """Why this checkpoint's linears are not plain float ones in this process (None: they are)."""
+    quant = cfg.quantization
+    if quant.quant_algo or quant.kv_cache_quant_algo:
+        return f"the checkpoint is quantized ({quant.quant_algo}, KV cache {quant.kv_cache_quant_algo})"
+    if cfg.mapping.world_size > 1:
+        return f"the checkpoint is sharded ({cfg.mapping}): its ranks run torch's linears"
+    return None
+
+
 def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device: torch.device) -> torch.dtype | None:
     """EngineConfig.linear_dtype resolved for this checkpoint (None: the linears run in the checkpoint's dtype).
     "auto" takes bf16 linears beside float32 activations only where the KV cache, then float32, keeps the capacity
     the checkpoint's dtype would give it (float32 KV rows are twice as large, and the embedding widens)."""
     if config.linear_dtype == "checkpoint" or config.linear_kernel == "torch":
         return None  # EngineConfig refuses an explicit "bfloat16" beside linear_kernel "torch"
-    plain = cfg.mapping.world_size == 1 and not (cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo)
-    dtype = resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), plain)
+    dtype = resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), _not_plain(cfg))
     if dtype is None or config.linear_dtype != "auto":
         return dtype
     free = free_memory_bytes(device) - (Path(ckpt_dir) / "rank0.safetensors").stat().st_size

@@ -65,10 +65,10 @@ def bf16_linears_unavailable(device: torch.device | str) -> str | None:
 
 
 def resolve_linear_dtype(choice: str, device: torch.device | str, checkpoint_dtype: torch.dtype,
-                         plain: bool = True) -> torch.dtype | None:
+                         not_plain: str | None = None) -> torch.dtype | None:
     """The dtype the linears compute in beside float32 activations (torch.bfloat16), or None: everything in the
-    checkpoint's dtype. `plain`: an unquantized checkpoint loaded in one process (quantized linears keep their own
-    kernels; sharded ranks run torch's linears). An explicit "bfloat16" that cannot run raises ValueError.
+    checkpoint's dtype. `not_plain`: why the checkpoint's linears are not plain float ones in this process (quantized,
+    sharded), None where they are. An explicit "bfloat16" that cannot run raises ValueError naming why.
 
     Why: on a CPU with native bf16 (AVX-512 BF16), oneDNN's bf16 linears take ~0.55x the time of its float32 ones
     at 1-512 rows (half the weight bytes, twice the FMA width; perf/ISSUE16.md), while bf16 norms, rotary and
@@ -78,9 +78,7 @@ def resolve_linear_dtype(choice: str, device: torch.device | str, checkpoint_dty
         raise ValueError(f"linear_dtype must be one of {LINEAR_DTYPES}, got {choice!r}")
     if choice == "checkpoint":
         return None
-    reason = bf16_linears_unavailable(device) or (None if plain else
-                                                  "the checkpoint is quantized or sharded (its linears have their own "
-                                                  "kernels)")
+    reason = bf16_linears_unavailable(device) or not_plain
     if choice == "bfloat16":
         if reason is not None:
             raise ValueError(f"linear_dtype 'bfloat16' is unavailable: {reason}")

@@ -108,9 +108,9 @@ def test_where_bf16_linears_are_chosen(monkeypatch):
     assert resolve_linear_dtype("auto", CPU, torch.float32) is None  # a float32 checkpoint stays exact
     assert resolve_linear_dtype("bfloat16", CPU, torch.float32) is torch.bfloat16  # asked for: weights rounded
     assert resolve_linear_dtype("checkpoint", CPU, torch.bfloat16) is None
-    assert resolve_linear_dtype("auto", CPU, torch.bfloat16, plain=False) is None
+    assert resolve_linear_dtype("auto", CPU, torch.bfloat16, "the checkpoint is quantized") is None
     with pytest.raises(ValueError, match="linear_dtype 'bfloat16' is unavailable: the checkpoint is quantized"):
-        resolve_linear_dtype("bfloat16", CPU, torch.bfloat16, plain=False)
+        resolve_linear_dtype("bfloat16", CPU, torch.bfloat16, "the checkpoint is quantized")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     assert resolve_linear_dtype("auto", CPU, torch.bfloat16) is None
     with pytest.raises(ValueError, match="unavailable: this CPU has no native bf16 arithmetic"):
@@ -140,3 +140,17 @@ def test_auto_keeps_the_checkpoint_dtype_where_float32_kv_would_hold_less(bf16_c
     roomy = LLMEngine(ckpt, EngineConfig(**limits))
     assert roomy.model_config.dtype == "float32" and roomy.runner.native_layers is not None
     assert 4 * 64 <= tight.kv_plan.tokens < roomy.kv_plan.tokens == 8 * 64
+
+
+@needs_bf16
+def test_bfloat16_asked_for_on_a_float32_checkpoint(family_checkpoint):
+    """Asked for explicitly, a float32 checkpoint's linears are rounded to bf16 (its greedy tokens then need not be
+    float32's); "auto" leaves a float32 checkpoint exact."""
+    ckpt = family_checkpoint("llama3")[1]
+    limits = dict(max_batch_size=2, max_seq_len=64, max_input_len=32, tokens_per_block=8, device="cpu")
+    asked = LLMEngine(ckpt, EngineConfig(**limits, linear_dtype="bfloat16"))
+    assert {m.dtype for m in asked.runner.model.modules() if isinstance(m, PrepackedLinear)} == {torch.bfloat16}
+    [prompt] = random_prompts([20], 8192, seed=3)
+    assert len(asked.generate([Request("r", prompt, SamplingParams(max_tokens=8))])["r"]) == 8
+    auto = LLMEngine(ckpt, EngineConfig(**limits))
+    assert {m.dtype for m in auto.runner.model.modules() if isinstance(m, PrepackedLinear)} == {torch.float32}
