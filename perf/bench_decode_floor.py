@@ -79,7 +79,7 @@ def measure(engine_dir: Path, steps: int) -> dict:
 def table(ms: list[dict]) -> str:
     lines = ["| checkpoint dtype | linears | weights (MB) | copy bandwidth (GB/s) | floor (ms) | batch-1 decode step (ms) "
              "| step / floor |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {m.get('dtype', 'float32')} | {m.get('linear_dtype', 'float32')} | {m['weight_bytes'] / 1e6:.1f} | "
+    lines += [f"| {m['dtype']} | {m['linear_dtype']} | {m['weight_bytes'] / 1e6:.1f} | "
               f"{m['bandwidth_bytes_s'] / 1e9:.1f} | {m['floor_s'] * 1e3:.2f} | {m['median_step_s'] * 1e3:.2f} | "
               f"{m['median_step_s'] / m['floor_s']:.2f} |" for m in ms]
     return "\n".join(lines) + "\n"

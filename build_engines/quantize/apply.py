@@ -149,7 +149,7 @@ def quantize_checkpoint(src_ckpt_dir: Path, out_dir: Path, method: str, kv_cache
     cfg = TrtllmCheckpointConfig.from_dict(raw)
     if cfg.mapping.world_size != 1:
         raise ValueError(f"{src_ckpt_dir} is sharded ({cfg.mapping}); quantize the unsharded checkpoint, then shard")
-    if cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo:
+    if cfg.quantization.quantized:
         raise ValueError(f"{src_ckpt_dir} is already quantized ({cfg.quantization}); start from a float one")
     if needs_calibration(quant) and stats is None:
         tok = Path(tokenizer_dir) if tokenizer_dir else src_ckpt_dir

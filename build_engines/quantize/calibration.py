@@ -93,7 +93,7 @@ def calibrate(ckpt_dir: Path, tokenizer_dir: Path, calib_text: Path | None = Non
               seq_len: int = 512, sample_rows: int = 512, progress: bool = True) -> ActivationStats:
     """Statistics of the float checkpoint `ckpt_dir` over up to max_tokens calibration tokens."""
     cfg = load_model_config(ckpt_dir)
-    if cfg.quantization.quant_algo or cfg.quantization.kv_cache_quant_algo:
+    if cfg.quantization.quantized:
         raise ValueError(f"{ckpt_dir} is already quantized ({cfg.quantization}); calibrate the float checkpoint")
     tokens = calibration_tokens(tokenizer_dir, calib_text, max_tokens)
     model = load_model(ckpt_dir, torch.device("cpu"))
