@@ -9,6 +9,9 @@
   how many greedy tokens agree with the float32 engine on the GPU.
 - speed: random-init Llamas (125M, ~1B), float32 and bfloat16, batch 1/16/64, 128 prompt + 128 new tokens, greedy:
   ours in-process vs HF static `generate` (its default attention), output tok/s, equality with HF, peak memory.
+- longrope, hf_batch: where the families' or speed's tokens differ, variants that isolate why.
+- decode_profile (first of --models / --dtypes, largest of --sizes): decode-step time per attention variant and a
+  torch.profiler table of the steps.
 
     python perf/probes/cuda_path.py --out cuda_path.jsonl [--device cuda] [--sections env families quant speed]
         [--models 125m 1b] [--sizes 1 16 64] [--rounds 2]
@@ -182,6 +185,80 @@ def hf_batch(log: Log, device: str, tok: Path, root: Path) -> None:
             ours_b1_vs_ours_b16=common_prefix(ours1, ours16[i]), of=128)
 
 
+def _attend_variant(name: str):
+    """decoder.attend under a variant: "expand" repeats K/V heads instead of SDPA's enable_gqa, "float_mask" turns
+    the boolean mask into an additive one (which SDPA backends take which inputs differs)."""
+    import torch.nn.functional as F
+
+    from backend.model import decoder
+    base = decoder.attend
+
+    def attend(q, k, v, mask, scale, softcap, causal=False):
+        if softcap is not None:
+            return base(q, k, v, mask, scale, softcap, causal)
+        gqa = True
+        if "expand" in name:
+            groups = q.shape[1] // k.shape[1]
+            k, v, gqa = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
+        if causal:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        if "float_mask" in name:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+    return attend
+
+
+def decode_profile(log: Log, device: str, tok: Path, root: Path, args) -> None:
+    """One model, dtype and batch: median decode-step time per attention variant, and a torch.profiler table of
+    the current code's decode steps (self device time, then self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from backend.model import decoder
+    name, dtype, size = args.models[0], args.dtypes[0], max(args.sizes)
+    hf_dir = root / f"llama{name}"
+    if not (hf_dir / "config.json").exists():
+        make_random_model(hf_dir, tok, MODELS[name], seed=0)
+    ckpt = convert_hf_to_trtllm(hf_dir, root / f"llama{name}.{dtype}", dtype=dtype)
+    batch = [tuple(p) for p in random_prompts([args.prompt_len] * size, 8192, seed=1)]
+    engine = LLMEngine(ckpt, EngineConfig(max_batch_size=size, max_num_tokens=8192, max_input_len=512,
+                                          max_seq_len=1024, device=device))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    base = decoder.attend
+    for rnd in range(2):
+        for variant in ("current", "expand", "float_mask", "expand_float_mask"):
+            decoder.attend = base if variant == "current" else _attend_variant(variant)
+            for r in _requests(batch, 40, f"{variant}{rnd}-"):
+                engine.add_request(r)
+            engine.step()  # the prefill
+            steps = []
+            for _ in range(24):
+                sync()
+                start = time.perf_counter()
+                engine.step()
+                sync()
+                steps.append(time.perf_counter() - start)
+            while engine.has_work():
+                engine.step()
+            steps.sort()
+            log(section="decode_profile", model=name, dtype=dtype, size=size, variant=variant, round=rnd,
+                median_step_ms=round(steps[len(steps) // 2] * 1e3, 3), min_step_ms=round(steps[0] * 1e3, 3))
+    decoder.attend = base
+    for r in _requests(batch, 24, "prof-"):
+        engine.add_request(r)
+    engine.step()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        for _ in range(8):
+            engine.step()
+        sync()
+    while engine.has_work():
+        engine.step()
+    key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    log(section="decode_profile", table_by_device=prof.key_averages().table(sort_by=key, row_limit=18),
+        table_by_cpu=prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+
+
 def quant(log: Log, device: str, tok: Path, root: Path) -> None:
     from build_engines.quantize.apply import KV_CACHE_METHODS, METHODS, quantize_checkpoint
     hf_dir = make_tiny_random(root / "tiny", tok, seed=0)
@@ -284,8 +361,8 @@ def main() -> None:
         for section in args.sections:
             if section == "env":
                 guarded(log, "env", env, args.device)
-            elif section == "speed":
-                guarded(log, "speed", speed, args.device, tok, root, args)
+            elif section in ("speed", "decode_profile"):
+                guarded(log, section, globals()[section], args.device, tok, root, args)
             else:
                 guarded(log, section, globals()[section], args.device, tok, root)
 
