@@ -51,8 +51,8 @@ class EngineConfig:
     # where it runs, else python).
     decode_layers: str = "auto"
     # The float linears' dtype (backend/model/prepacked_linear.py, resolve_linear_dtype): "checkpoint", "bfloat16"
-    # (bf16 on oneDNN, everything else float32; CPUs with native bf16), "auto" (bfloat16 for an unquantized
-    # single-process bfloat16 checkpoint where the CPU has native bf16, else checkpoint).
+    # (bf16 on oneDNN and a bf16 KV cache, the rest float32; CPUs with native bf16), "auto" (bfloat16 for an
+    # unquantized single-process bfloat16 checkpoint where the CPU has native bf16, else checkpoint).
     linear_dtype: str = "auto"
 
     def __post_init__(self) -> None:

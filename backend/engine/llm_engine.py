@@ -45,8 +45,8 @@ def _not_plain(cfg: ModelConfig) -> str | None:
 
 def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device: torch.device) -> torch.dtype | None:
     """EngineConfig.linear_dtype resolved for this checkpoint (None: the linears run in the checkpoint's dtype).
-    "auto" takes bf16 linears beside float32 activations only where the KV cache, then float32, keeps the capacity
-    the checkpoint's dtype would give it (float32 KV rows are twice as large, and the embedding widens)."""
+    "auto" takes bf16 linears beside float32 activations only where the KV cache keeps the capacity the checkpoint's
+    dtype would give it: its rows stay bf16, but the embedding and the norms widen to float32."""
     if config.linear_dtype == "checkpoint" or config.linear_kernel == "torch":
         return None  # EngineConfig refuses an explicit "bfloat16" beside linear_kernel "torch"
     dtype = resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), _not_plain(cfg))
@@ -55,12 +55,12 @@ def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device
     free = free_memory_bytes(device) - (Path(ckpt_dir) / "rank0.safetensors").stat().st_size
     try:
         own = plan_kv_cache(cfg, config, free).tokens
-        wide = plan_kv_cache(dataclasses.replace(cfg, dtype="float32"), config, free - widened_bytes(cfg, ckpt_dir)).tokens
+        wide = plan_kv_cache(cfg, config, free - widened_bytes(cfg, ckpt_dir)).tokens
     except ValueError:  # not even one sequence fits one way: keep the checkpoint's dtype (its own refusal follows)
         return None
     if wide < own:
-        log.info("linear_dtype 'auto' keeps %s linears: float32 activations would leave the KV cache %d tokens, "
-                 "not %d", cfg.dtype, wide, own)
+        log.info("linear_dtype 'auto' keeps %s linears: the float32 embedding and norms would leave the KV cache %d "
+                 "tokens, not %d", cfg.dtype, wide, own)
         return None
     return dtype
 
@@ -75,6 +75,9 @@ class LLMEngine:
         self.device = torch.device(config.device)
         cfg = load_model_config(ckpt_dir)
         linear_dtype = _linear_dtype(ckpt_dir, cfg, config, self.device)
+        # K/V rows in the linears' dtype (runner.KVCache): bf16 linears keep a bf16 KV cache
+        kv_cfg = (cfg if linear_dtype is None
+                  else dataclasses.replace(cfg, dtype=str(linear_dtype).removeprefix("torch.")))
         if linear_dtype is not None:  # bf16 linears beside float32 activations: the rest of the model in float32
             cfg = dataclasses.replace(cfg, dtype="float32")
         self.model_config = cfg
@@ -83,9 +86,9 @@ class LLMEngine:
             raise ValueError(f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings ({limit})")
         # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
         model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device, linear_dtype)
-        self.kv_plan = plan_kv_cache(cfg, config, free_memory_bytes(self.device))
+        self.kv_plan = plan_kv_cache(kv_cfg, config, free_memory_bytes(self.device))
         log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
-                 cfg.num_key_value_heads, cfg.head_size, cfg.dtype)
+                 cfg.num_key_value_heads, cfg.head_size, kv_cfg.dtype)
         self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse,
                                    window=kv_window(cfg), max_chunk_tokens=config.max_num_tokens,
                                    regime=rope_regime(cfg))

@@ -132,6 +132,8 @@ class Attention(nn.Module):
         qkv = self.qkv(x)  # (T, (H + 2 KV) * d): q heads, k heads, v heads
         q, k = self._rotated_qk(qkv[:, :(H + KV) * d].view(T, H + KV, d), meta)  # (T, H, d), (T, KV, d)
         v = qkv[:, (H + KV) * d:].view(T, KV, d)
+        if k_cache.dtype != k.dtype:  # a bf16 pool beside bf16 linears: K/V rows rounded as the checkpoint's dtype
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
         k_cache.index_copy_(0, meta.slot_mapping, k)  # cheaper than k_cache[slot_mapping] = k (no index_put_)
         v_cache.index_copy_(0, meta.slot_mapping, v)
 
@@ -142,8 +144,8 @@ class Attention(nn.Module):
             return self.dense(out.view(B, self.n_heads * d))  # (B, H, d) read in place from the pool
         # (B, n_heads, Q, head_dim): a decode step's T tokens are its B sequences already
         q_pad = (q.view(B, 1, self.n_heads, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
-        k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2)  # (B, n_kv, L, head_dim)
-        v_ctx = gather(v_cache, meta.context_slots).transpose(1, 2)
+        k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2).to(q.dtype)  # (B, n_kv, L, head_dim)
+        v_ctx = gather(v_cache, meta.context_slots).transpose(1, 2).to(q.dtype)  # (bf16 pools: widened, exact)
         out = attend(q_pad, k_ctx, v_ctx, meta.masks[self.window], self.scale, self.softcap,
                      self.window in meta.causal)
         out = out.transpose(1, 2).reshape(B * Q, self.n_heads * d)

@@ -21,13 +21,14 @@ def model_step_tensors(model: CausalLM, inputs: StepInputs, device: torch.device
 
 
 class KVCache:
-    """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each (FP8 pools for an FP8 KV
-    cache, backend/model/quantized_kv.py)."""
+    """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each, in the model's dtype or
+    `dtype` (bf16 beside bf16 linears), FP8 pools for an FP8 KV cache (backend/model/quantized_kv.py)."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype | None = None) -> None:
         cfg = model.config
         shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
-        self.layers = kv_pools(model.transformer.layers, shape, torch_dtype(cfg), device)
+        self.layers = kv_pools(model.transformer.layers, shape, dtype or torch_dtype(cfg), device)
 
 
 class ModelRunner:
@@ -37,7 +38,8 @@ class ModelRunner:
         """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); attention_kernel: "torch",
         "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py); decode_layers: "python", "native"
         or "auto" (backend/model/kernels/decode_layers.py); linear_dtype: the oneDNN linears' dtype where it is not
-        the model's (resolve_linear_dtype). The chosen ones are kept in self.linear_kernel, self.attention_kernel and
+        the model's (resolve_linear_dtype), and then the KV pools' too (K/V rows are stored as the linears' outputs
+        would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones are kept in self.linear_kernel, self.attention_kernel and
         self.native_layers (None: the Python layers)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         if linear_dtype is not None and self.linear_kernel != "onednn":
@@ -46,7 +48,7 @@ class ModelRunner:
         self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
         self.model = prepack_linears(model, linear_dtype) if self.linear_kernel == "onednn" else model
         self.device = device
-        self.kv = KVCache(model, num_blocks, block_size, device)
+        self.kv = KVCache(model, num_blocks, block_size, device, linear_dtype)
         self.native_layers = resolve_decode_layers(decode_layers, self.model, self.kv.layers, self.attention_kernel)
 
     @torch.inference_mode()

@@ -13,10 +13,11 @@ from backend.model.step_inputs import StepInputs
 
 
 @torch.inference_mode()
-def window_logits(model: CausalLM, windows: torch.Tensor) -> torch.Tensor:
+def window_logits(model: CausalLM, windows: torch.Tensor, kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """windows (B, n) int64 token ids -> (B, n, vocab) float32: position j's logits predict token j + 1.
 
-    Each window is a whole prompt to the model (its rope state is that of an n-token prompt)."""
+    Each window is a whole prompt to the model (its rope state is that of an n-token prompt). kv_dtype: the KV
+    pool's, where it is not the model's (bf16 beside bf16 linears, as the engine keeps it)."""
     if windows.dim() != 2 or windows.shape[1] == 0:
         raise ValueError(f"windows must be (batch, tokens) with tokens >= 1, got shape {tuple(windows.shape)}")
     cfg = model.config
@@ -28,6 +29,7 @@ def window_logits(model: CausalLM, windows: torch.Tensor) -> torch.Tensor:
                            end=torch.full((B,), n), sampled=torch.ones(B, dtype=torch.long),
                            context_slots=torch.arange(B * n).view(B, n))
     input_ids, meta, _ = model_step_tensors(model, inputs, device)
-    kv = kv_pools(model.transformer.layers, (B * n, cfg.num_key_value_heads, cfg.head_size), dtype, device)
+    kv = kv_pools(model.transformer.layers, (B * n, cfg.num_key_value_heads, cfg.head_size), kv_dtype or dtype,
+                  device)
     logits = model(input_ids, meta, kv, torch.arange(B * n, device=device))  # (B * n, vocab)
     return logits.view(B, n, -1)

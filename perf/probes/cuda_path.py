@@ -29,6 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import backend  # noqa: E402,F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -163,7 +166,8 @@ def longrope(log: Log, device: str, tok: Path, root: Path) -> None:
             engine = LLMEngine(ckpt, _limits(name, device=device, **overrides))
             with sdpa_kernel([SDPBackend.MATH] if variant == "sdpa_math" else ALL_SDPA):
                 got = engine.generate(_requests([prompt], n, "v"))["v0"]
-            log(section="longrope", name=name, variant=variant, equal=got == want, common_prefix=common_prefix(got, want))
+            log(section="longrope", name=name, variant=variant, equal=got == want,
+                common_prefix=common_prefix(got, want))
         step_inputs._causal_windows = causal_windows
 
 
@@ -330,7 +334,8 @@ def speed_model(log: Log, device: str, tok: Path, root: Path, name: str, dtype: 
             prefix = sorted(common_prefix(o, f) for o, f in zip(out, ref))
             log(section="speed", model=name, dtype=dtype, size=size, round=r, ours_tok_s=round(tok_s, 1),
                 hf_tok_s=round(ref_tok_s, 1), ratio=round(tok_s / ref_tok_s, 3), equal_to_hf=out == ref,
-                common_prefix_min_median=[prefix[0], prefix[len(prefix) // 2]], of=args.new_tokens, kv_blocks=engine.blocks.num_blocks,
+                common_prefix_min_median=[prefix[0], prefix[len(prefix) // 2]], of=args.new_tokens,
+                kv_blocks=engine.blocks.num_blocks,
                 engine_peak_mib=ours_mem and ours_mem // 2**20)
     del engine, model
     torch.cuda.empty_cache() if device.startswith("cuda") else None

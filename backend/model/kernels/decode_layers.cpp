@@ -87,8 +87,9 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
       k = rotated.slice(1, H);
     }
     auto v = qkv.slice(1, (H + KV) * d).view({T, KV, d});
-    k_caches[l].index_copy_(0, slot_mapping, k);
-    v_caches[l].index_copy_(0, slot_mapping, v);
+    // K/V rows rounded to the pool's dtype (bf16 pools beside bf16 linears), as Attention.forward does
+    k_caches[l].index_copy_(0, slot_mapping, k.to(k_caches[l].scalar_type()));
+    v_caches[l].index_copy_(0, slot_mapping, v.to(v_caches[l].scalar_type()));
     auto attn = paged_decode(q.contiguous(), k_caches[l], v_caches[l], context_slots, col_starts[l], col_ends[l],
                              scale, softcap);
     attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor());

@@ -3,9 +3,9 @@
 decode_layers.cpp runs the ATen operations of backend/model/decoder.py's layers in their order on the same tensors,
 so its output equals the Python layers' bit for bit; what it saves is Python: ~40 operator calls and 4-6 module
 calls per layer, about a quarter of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
-It serves decode steps run by the paged attention kernel (float32 on CPU) on oneDNN-prepacked linears (float32, or
-bfloat16 beside the float32 activations); anything
-else (prefill chunks, quantized linears, FP8 KV pools, other dtypes or devices) keeps the Python layers.
+It serves decode steps run by the paged attention kernel (float32 queries on CPU) on oneDNN-prepacked linears
+(float32, or bfloat16 beside the float32 activations, with a bf16 KV pool); anything else (prefill chunks, quantized
+linears, FP8 KV pools, other dtypes or devices) keeps the Python layers.
 """
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ def unsupported(model: CausalLM, kv_layers: list) -> str | None:
     if len({n.eps for n in norms}) != 1:
         return "its norms differ in epsilon"
     for k, v in kv_layers:
-        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dtype == v.dtype == torch.float32):
-            return "its KV cache is not a float32 pool (FP8 KV pools keep the Python layers)"
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dtype == v.dtype
+                and k.dtype in (torch.float32, torch.bfloat16)):
+            return "its KV cache is not a float32 or bfloat16 pool (FP8 KV pools keep the Python layers)"
     return None
 
 

@@ -1,4 +1,6 @@
-// Decode attention over a paged KV cache, read in place: one query token per sequence, float32, CPU.
+// Decode attention over a paged KV cache, read in place: one query token per sequence, float32 queries and
+// arithmetic, K/V pools in float32 or bfloat16 (each bf16 value widened on load: exact, so a bf16 pool gives the
+// same result as its float32 widening), CPU.
 //
 // The torch path gathers each sequence's context out of the pool (index_select: a copy of every K and V row a
 // layer reads), then runs SDPA on the copy. Here each sequence reads its context rows where they lie in the pool,
@@ -21,6 +23,15 @@
 
 namespace {
 
+// A pool element as float32: itself, or a bf16's 16 bits as a float32's top half (exact).
+inline float widen(float x) { return x; }
+inline float widen(at::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -28,15 +39,38 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// A pool row as float32: the row itself, or (bf16) its widening into buf. Everything after runs the float32 code,
+// so a bf16 pool gives bit for bit what its float32 copy gives.
+inline const float* as_float(const float* row, int64_t, float*) { return row; }
+inline const float* as_float(const at::BFloat16* row, int64_t n, float* buf) {
+  for (int64_t i = 0; i < n; ++i) buf[i] = widen(row[i]);
+  return buf;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {  // eight bf16 -> eight float32, exact
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {  // sixteen bf16 -> sixteen float32, exact
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 // Eight rows' dot products with one query head, D a multiple of 8: one 8-wide FMA chain per row (eight chains side
 // by side), then the eight row sums folded into one vector with horizontal adds. out[r] = q . rows[r].
-inline void dot8(const float* q, const float* const* rows, int64_t D, float* out) {
+template <typename T>
+inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {
   __m256 acc[8];
   for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; d += 8) {
     const __m256 qd = _mm256_loadu_ps(q + d);
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows[r] + d), acc[r]);
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qd, load8(rows[r] + d), acc[r]);
   }
   const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
   const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -47,15 +81,34 @@ inline void dot8(const float* q, const float* const* rows, int64_t D, float* out
 }
 constexpr bool kHaveDot8 = true;
 #else
-inline void dot8(const float* q, const float* const* rows, int64_t D, float* out) {
-  for (int r = 0; r < 8; ++r) out[r] = dot(q, rows[r], D);
+template <typename T>
+inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {  // not called: kHaveDot8
+  std::vector<float> buf(D);
+  for (int r = 0; r < 8; ++r) out[r] = dot(q, as_float(rows[r], D, buf.data()), D);
 }
 constexpr bool kHaveDot8 = false;
 #endif
 
+// y += p * x over n elements (the compiler contracts it to FMAs: -march=native, GCC's default -ffp-contract=fast).
 inline void axpy(float p, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += p * x[i];
+}
+
+// The same for a bf16 x, widened as it is loaded, with the same FMAs (bit for bit the float32 widening's result).
+inline void axpy(float p, const at::BFloat16* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 pv16 = _mm512_set1_ps(p);
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(pv16, load16(x + i), _mm512_loadu_ps(y + i)));
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, load8(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] = std::fma(p, widen(x[i]), y[i]);
 }
 
 // exp(x) for x <= 0 in straight-line arithmetic the compiler vectorizes (std::exp is a scalar call):
@@ -96,46 +149,26 @@ void softmax_rows(float* scores, int64_t rows, int64_t n) {
   }
 }
 
-}  // namespace
-
-// q (B, H, D); k_cache, v_cache (S, KV, D) contiguous; slots (B, L) int64: pool row of each context column;
-// col_start, col_end (B,) int64: the columns [start, end) each sequence attends to (its window), end > start;
-// softcap <= 0: none, else scores = tanh(scores / softcap) * softcap (Gemma 2). Returns (B, H, D).
-torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                           const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
-                           double scale, double softcap) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_decode: shapes");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat, "paged_decode: float32 only");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && col_start.scalar_type() == at::kLong &&
-                  col_end.scalar_type() == at::kLong, "paged_decode: int64 indices");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() && slots.is_contiguous() &&
-                  col_start.is_contiguous() && col_end.is_contiguous(), "paged_decode: contiguous tensors");
+// paged_decode's work once its arguments are checked: T is the pools' element type.
+template <typename T>
+void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
+                  double scale, double softcap, torch::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1), L = slots.size(1);
-  TORCH_CHECK(k_cache.size(2) == D && H % KV == 0 && slots.size(0) == B && col_start.size(0) == B &&
-                  col_end.size(0) == B, "paged_decode: shapes");
   const int64_t G = H / KV;
-  auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* cs = col_start.data_ptr<int64_t>();
   const int64_t* ce = col_end.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale), cap = static_cast<float>(softcap);
-  const int64_t S = k_cache.size(0);
-  for (int64_t b = 0; b < B; ++b) {  // a bad index would read outside the pool: refuse it instead
-    TORCH_CHECK(0 <= cs[b] && cs[b] < ce[b] && ce[b] <= L, "paged_decode: column range of sequence ", b);
-    for (int64_t c = cs[b]; c < ce[b]; ++c) {
-      TORCH_CHECK(0 <= sp[b * L + c] && sp[b * L + c] < S, "paged_decode: slot outside the pool, sequence ", b);
-    }
-  }
   // Work item: one sequence. Its context rows are read whole (every KV head's D floats lie together in a row),
   // once for K and once for V, each row scored against all H query heads: one pass over the bytes.
   const int64_t row = KV * D;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(H * D);
+    std::vector<float> scores, acc(H * D), wide(row);  // wide: a bf16 pool's row as float32
     for (int64_t b = begin; b < end; ++b) {
       const int64_t c0 = cs[b], n = ce[b] - c0;
       const int64_t* rows = sp + b * L + c0;
@@ -143,7 +176,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
       scores.resize(H * n);
       int64_t j = 0;
       if (kHaveDot8 && D % 8 == 0) {  // eight rows at a time
-        const float* k8[8];
+        const T* k8[8];
         float s8[8];
         for (; j + 8 <= n; j += 8) {
           for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
@@ -151,7 +184,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
           for (int64_t h = 0; h < H; ++h) {
             const float* q = qb + h * D;
             const int64_t off = (h / G) * D;
-            const float* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
+            const T* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
                                   k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
             dot8(q, kh, D, s8);
             for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r];
@@ -159,7 +192,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
         }
       }
       for (; j < n; ++j) {
-        const float* k = kp + rows[j] * row;
+        const float* k = as_float(kp + rows[j] * row, row, wide.data());
         for (int64_t h = 0; h < H; ++h) scores[h * n + j] = dot(qb + h * D, k + (h / G) * D, D);
       }
       for (int64_t i = 0; i < H * n; ++i) {
@@ -170,11 +203,50 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < n; ++j) {
         if (j + 4 < n) __builtin_prefetch(vp + rows[j + 4] * row);
-        const float* v = vp + rows[j] * row;
+        const T* v = vp + rows[j] * row;
         for (int64_t h = 0; h < H; ++h) axpy(scores[h * n + j], v + (h / G) * D, acc.data() + h * D, D);
       }
       std::copy(acc.begin(), acc.end(), op + b * H * D);
     }
   });
+}
+
+}  // namespace
+
+// q (B, H, D) float32; k_cache, v_cache (S, KV, D) contiguous, both float32 or both bfloat16; slots (B, L) int64:
+// pool row of each context column; col_start, col_end (B,) int64: the columns [start, end) each sequence attends
+// to (its window), end > start; softcap <= 0: none, else scores = tanh(scores / softcap) * softcap (Gemma 2).
+// Returns (B, H, D) float32.
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
+                           double scale, double softcap) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_decode: shapes");
+  const auto pool = k_cache.scalar_type();
+  TORCH_CHECK(q.scalar_type() == at::kFloat && v_cache.scalar_type() == pool &&
+                  (pool == at::kFloat || pool == at::kBFloat16),
+              "paged_decode: float32 queries, and float32 or bfloat16 pools (K and V alike)");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && col_start.scalar_type() == at::kLong &&
+                  col_end.scalar_type() == at::kLong, "paged_decode: int64 indices");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() && slots.is_contiguous() &&
+                  col_start.is_contiguous() && col_end.is_contiguous(), "paged_decode: contiguous tensors");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1), L = slots.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && H % KV == 0 && slots.size(0) == B && col_start.size(0) == B &&
+                  col_end.size(0) == B, "paged_decode: shapes");
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* cs = col_start.data_ptr<int64_t>();
+  const int64_t* ce = col_end.data_ptr<int64_t>();
+  const int64_t S = k_cache.size(0);
+  for (int64_t b = 0; b < B; ++b) {  // a bad index would read outside the pool: refuse it instead
+    TORCH_CHECK(0 <= cs[b] && cs[b] < ce[b] && ce[b] <= L, "paged_decode: column range of sequence ", b);
+    for (int64_t c = cs[b]; c < ce[b]; ++c) {
+      TORCH_CHECK(0 <= sp[b * L + c] && sp[b * L + c] < S, "paged_decode: slot outside the pool, sequence ", b);
+    }
+  }
+  auto out = torch::empty_like(q);
+  if (pool == at::kBFloat16) {
+    attend_pages<at::BFloat16>(q, k_cache, v_cache, slots, col_start, col_end, scale, softcap, out);
+  } else {
+    attend_pages<float>(q, k_cache, v_cache, slots, col_start, col_end, scale, softcap, out);
+  }
   return out;
 }

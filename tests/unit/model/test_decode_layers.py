@@ -78,7 +78,7 @@ def test_where_the_compiled_layers_are_chosen(family_checkpoint, caplog):
     with pytest.raises(ValueError, match="decode_layers must be one of"):
         resolve_decode_layers("compiled", runner.model, runner.kv.layers, "paged")
     fp8_like = [(object(), object())] * len(runner.kv.layers)
-    assert "not a float32 pool" in unsupported(runner.model, fp8_like)
+    assert "not a float32 or bfloat16 pool" in unsupported(runner.model, fp8_like)
 
 
 def test_the_config_refuses_what_cannot_run():

@@ -79,8 +79,26 @@ def test_bad_column_ranges_and_dtypes_are_refused():
         paged_decode(q, pool, pool, slots, torch.tensor([0]), torch.tensor([5]), 1.0, None)  # past L
     with pytest.raises(RuntimeError, match="slot outside the pool, sequence 0"):
         paged_decode(q, pool, pool, torch.tensor([[0, 1, 16, 3]]), torch.tensor([0]), torch.tensor([4]), 1.0, None)
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 queries, and float32 or bfloat16 pools"):
         paged_decode(q.double(), pool.double(), pool.double(), slots, torch.tensor([0]), one, 1.0, None)
+    with pytest.raises(RuntimeError, match="K and V alike"):
+        paged_decode(q, pool, pool.bfloat16(), slots, torch.tensor([0]), one, 1.0, None)
+
+
+@pytest.mark.parametrize("heads,kv,dim", [(8, 4, 32), (12, 4, 64), (4, 2, 12)])  # dim 12: no 8-wide rows
+@pytest.mark.parametrize("softcap", [None, 50.0])
+def test_bf16_pools_equal_their_float32_widening(heads, kv, dim, softcap):
+    """A bf16 pool is widened on load, exactly: the kernel gives bit for bit what it gives on the pool's float32
+    copy (bf16 KV beside bf16 linears)."""
+    torch.manual_seed(heads * dim)
+    inputs = _decode_step([37, 9, 64], [0, 0, 8], block=8, slots_total=256, seed=heads)
+    k, v = torch.randn(256, kv, dim).bfloat16(), torch.randn(256, kv, dim).bfloat16()
+    q = torch.randn(3, heads, dim)
+    stop = inputs.end - inputs.ctx_start
+    first = torch.zeros_like(stop)
+    got = paged_decode(q, k, v, inputs.context_slots, first, stop, dim ** -0.5, softcap)
+    want = paged_decode(q, k.float(), v.float(), inputs.context_slots, first, stop, dim ** -0.5, softcap)
+    assert torch.equal(got, want)
 
 
 def test_the_kernels_run_on_torchs_openmp_runtime_in_parallel_with_the_same_result():
