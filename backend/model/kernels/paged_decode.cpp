@@ -185,7 +185,7 @@ void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const to
             const float* q = qb + h * D;
             const int64_t off = (h / G) * D;
             const T* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
-                                  k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
+                              k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
             dot8(q, kh, D, s8);
             for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r];
           }
