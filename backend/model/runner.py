@@ -39,8 +39,8 @@ class ModelRunner:
         "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py); decode_layers: "python", "native"
         or "auto" (backend/model/kernels/decode_layers.py); linear_dtype: the oneDNN linears' dtype where it is not
         the model's (resolve_linear_dtype), and then the KV pools' too (K/V rows are stored as the linears' outputs
-        would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones are kept in self.linear_kernel, self.attention_kernel and
-        self.native_layers (None: the Python layers)."""
+        would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones
+        are kept in self.linear_kernel, self.attention_kernel and self.native_layers (None: the Python layers)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         if linear_dtype is not None and self.linear_kernel != "onednn":
             raise ValueError(f"linears in {linear_dtype} beside {torch_dtype(model.config)} activations run on oneDNN "

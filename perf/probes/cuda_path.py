@@ -308,7 +308,8 @@ def _hf(model, batch, n: int) -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
                              min_new_tokens=n, pad_token_id=0)
-        torch.cuda.synchronize() if model.device.type == "cuda" else None
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
     new = out[:, ids.shape[1]:]
     return new.numel() / elapsed, new.tolist()
@@ -320,7 +321,8 @@ def speed_model(log: Log, device: str, tok: Path, root: Path, name: str, dtype: 
         make_random_model(hf_dir, tok, MODELS[name], seed=0)
     ckpt = convert_hf_to_trtllm(hf_dir, root / f"llama{name}.{dtype}", dtype=dtype)
     batch = [list(p) for p in random_prompts([args.prompt_len] * max(args.sizes), 8192, seed=1)]
-    torch.cuda.reset_peak_memory_stats() if device.startswith("cuda") else None
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     engine = LLMEngine(ckpt, EngineConfig(max_batch_size=max(args.sizes), max_num_tokens=8192, max_input_len=512,
                                           max_seq_len=1024, device=device))
     ours_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
@@ -338,7 +340,8 @@ def speed_model(log: Log, device: str, tok: Path, root: Path, name: str, dtype: 
                 kv_blocks=engine.blocks.num_blocks,
                 engine_peak_mib=ours_mem and ours_mem // 2**20)
     del engine, model
-    torch.cuda.empty_cache() if device.startswith("cuda") else None
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def speed(log: Log, device: str, tok: Path, root: Path, args) -> None:
