@@ -8,12 +8,16 @@ compiles while a server starts.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.util
 import os
 import platform
 import re
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -82,6 +86,59 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Holds an flock on `<directory>.flock` (created if missing) while the body runs; blocks while another holds it.
+
+    torch's builder guards its build directory with a `lock` file that only its holder removes, so a build killed
+    part-way (a timeout, Ctrl-C twice, an OOM kill) leaves the file behind and every later build waits on it forever,
+    silently. An flock is released by the kernel when its holder dies: whoever holds this one is the only builder
+    alive, and a `lock` file found then is stale.
+    """
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f"{directory.name}.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def clear_stale_baton(directory: Path) -> None:
+    """Removes torch's `lock` file from `directory` (call it holding build_lock: no live builder owns it then)."""
+    baton = directory / "lock"
+    if baton.exists():
+        warnings.warn(f"removing {baton}, left by a kernel build that did not finish (its process is gone)",
+                      RuntimeWarning, stacklevel=2)
+        baton.unlink(missing_ok=True)
+
+
+def _import(name: str, built: Path) -> ModuleType | None:
+    """The built library imported as it is (no ninja, no build lock); None, with a warning, if it will not load."""
+    spec = importlib.util.spec_from_file_location(name, built)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # e.g. a library cut short by a build killed while linking: built again
+        warnings.warn(f"{built} does not load ({exc}); building it again", RuntimeWarning, stacklevel=2)
+        built.unlink(missing_ok=True)
+        return None
+    return module
+
+
+def build_once(name: str, directory: Path, build: Callable[[], ModuleType]) -> ModuleType:
+    """`<directory>/<name>.so` imported if present, else `build()` run by one process at a time, stale locks cleared."""
+    built = directory / f"{name}.so"
+    if built.is_file() and (module := _import(name, built)) is not None:
+        return module
+    with build_lock(directory):
+        if built.is_file() and (module := _import(name, built)) is not None:  # built while this process waited
+            return module
+        directory.mkdir(parents=True, exist_ok=True)
+        clear_stale_baton(directory)
+        return build()
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> ModuleType:
     """The built extension (built now if needed); KernelUnavailable naming the reason otherwise."""
@@ -89,17 +146,14 @@ def load() -> ModuleType:
 
     name = build_name()
     directory = build_root() / name
-    built = directory / f"{name}.so"
-    if built.is_file():  # imported as it is: no ninja, no build lock (a process killed holding it stalls the next)
-        spec = importlib.util.spec_from_file_location(name, built)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    _ninja_on_path()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
+
+    def build() -> ModuleType:
+        _ninja_on_path()
         return cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
                                   extra_ldflags=ldflags(), build_directory=str(directory), verbose=False)
+
+    try:
+        return build_once(name, directory, build)
     except Exception as exc:  # a compiler, ninja or header missing: say which
         raise KernelUnavailable(f"building the kernels ({', '.join(s.name for s in SOURCES)}) in {directory} "
                                 f"failed: {exc}") from exc

@@ -1,0 +1,110 @@
+"""The kernel build's locking: a build killed part-way must not stall the next one (build.build_once).
+
+These drive torch's real JIT builder (cpp_extension.load, with its FileBaton `lock` file) on a tiny C extension
+that compiles in seconds, in a temporary directory, so they say what happens to the real kernels' build.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.model.kernels import build
+
+TINY = """
+#include <Python.h>
+static struct PyModuleDef tiny_def = {PyModuleDef_HEAD_INIT, "%(name)s", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_%(name)s(void) { return PyModule_Create(&tiny_def); }
+"""
+
+
+def _builder(tmp_path: Path, name: str):
+    """(directory, build): build() compiles the tiny extension `name` with torch's JIT builder into directory."""
+    from torch.utils import cpp_extension
+
+    source = tmp_path / f"{name}.cpp"
+    source.write_text(TINY % {"name": name})
+    directory = tmp_path / "kernels" / name
+    calls = []
+
+    def build():
+        calls.append(1)
+        return cpp_extension.load(name, [str(source)], build_directory=str(directory), verbose=False)
+
+    build.calls = calls
+    return directory, build
+
+
+def _within(seconds: float, fn):
+    """fn() run in a thread; its result, or a failure naming the hang if it takes longer than `seconds`."""
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    return box["result"]
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_the_build_runs(tmp_path):
+    directory, builder = _builder(tmp_path, "tiny_stale")
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # what torch's FileBaton leaves when its builder is killed mid-build
+    with pytest.warns(RuntimeWarning, match="lock"):
+        module = _within(120, lambda: build.build_once("tiny_stale", directory, builder))
+    assert module.__name__ == "tiny_stale"
+    assert not (directory / "lock").exists()
+
+
+def test_a_real_build_killed_part_way_does_not_stall_the_next(tmp_path):
+    """A process killed (SIGKILL) while it builds, holding both locks; the next build completes."""
+    directory, builder = _builder(tmp_path, "tiny_killed")
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from torch.utils import file_baton
+        from backend.model.kernels import build
+        directory = Path({str(directory)!r})
+        def stuck():  # torch's baton taken, then the process dies before releasing it
+            directory.mkdir(parents=True, exist_ok=True)
+            assert file_baton.FileBaton(str(directory / "lock")).try_acquire()
+            print("holding", flush=True)
+            time.sleep(600)
+        build.build_once("tiny_killed", directory, stuck)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(build.__file__).resolve().parents[3])
+    with pytest.warns(RuntimeWarning, match="lock"):
+        try:
+            assert child.stdout.readline().strip() == "holding"
+            waiter = threading.Thread(target=lambda: build.build_once("tiny_killed", directory, builder),
+                                      daemon=True)
+            waiter.start()
+            time.sleep(1.0)
+            assert waiter.is_alive() and not builder.calls, "a second builder must wait while the first is alive"
+        finally:
+            child.kill()
+            child.wait()
+        waiter.join(120)
+    assert not waiter.is_alive() and builder.calls == [1]
+    assert (directory / "tiny_killed.so").is_file()
+
+
+def test_a_library_cut_short_is_built_again(tmp_path):
+    directory, builder = _builder(tmp_path, "tiny_cut")
+    directory.mkdir(parents=True)
+    (directory / "tiny_cut.so").write_bytes(b"\x7fELF")  # a link killed part-way
+    with pytest.warns(RuntimeWarning, match="does not load"):
+        module = _within(120, lambda: build.build_once("tiny_cut", directory, builder))
+    assert module.__name__ == "tiny_cut" and builder.calls == [1]
+
+
+def test_a_built_library_loads_without_building(tmp_path):
+    directory, builder = _builder(tmp_path, "tiny_built")
+    build.build_once("tiny_built", directory, builder)
+    assert build.build_once("tiny_built", directory, builder).__name__ == "tiny_built"
+    assert builder.calls == [1]
