@@ -153,6 +153,19 @@ class Attention(nn.Module):
 
 
 _ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+# Bytes of one MLP chunk's float32 (rows, 2 x intermediate) projection: about an L2 + share of L3 (perf/ISSUE16.md).
+MLP_CHUNK_BYTES = 4 << 20
+
+
+def cache_rows(intermediate: int) -> int:
+    """Rows of an MLP whose float32 (rows, 2 x intermediate) projection fits MLP_CHUNK_BYTES (at least 32)."""
+    return max(32, MLP_CHUNK_BYTES // (2 * intermediate * 4))
+
+
+def row_chunks(tokens: int, rows: int) -> int:
+    """How many near-equal chunks of at most `rows` rows cover `tokens` (tensor_split: sizes differ by at most one,
+    so no chunk is a sliver that a GEMM library would run with another kernel)."""
+    return max(1, -(-tokens // rows))
 
 
 class GatedMLP(nn.Module):
@@ -176,6 +189,15 @@ class GatedMLP(nn.Module):
         self.fc_gate = torch.cat([self.fc.weight, self.gate.weight]).detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x (T, hidden). On CPU a long prefill runs in row chunks (cache_rows): each chunk's (rows, 2 x inter)
+        # float32 intermediates stay in the caches instead of streaming (T, 2 x inter) through DRAM once for each
+        # elementwise op (widening, activation, product, rounding). Every row's result is unchanged (tested).
+        chunks = row_chunks(x.shape[0], cache_rows(self.proj.in_features)) if x.device.type == "cpu" else 1
+        if chunks == 1:
+            return self._forward(x)
+        return torch.cat([self._forward(part) for part in x.tensor_split(chunks)])
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
             up, gate = self.fc(x).chunk(2, dim=-1)
             return self.proj(up * self.act(gate))

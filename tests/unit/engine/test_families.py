@@ -120,3 +120,17 @@ def test_gemma2_soft_caps_are_applied(family_checkpoint):
     assert want.abs().max() <= 1.0
     hf.config.final_logit_softcapping = hf.config.attn_logit_softcapping = None
     assert (hf(ids).logits - want).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("name", ["llama3", "phi3_4k", "gemma2"])  # plain gated, fused [up | gate], gelu + sandwich
+def test_greedy_equals_hf_with_the_mlp_in_row_chunks(family_checkpoint, monkeypatch, name):
+    """Whole-prompt prefill steps whose MLP runs in 32-row chunks (decoder.MLP_CHUNK_BYTES made small: a long
+    prompt's chunks at the real size, on these small fixtures)."""
+    from backend.model import decoder
+
+    prompts, n, want = _expected(family_checkpoint, name)
+    engine = LLMEngine(family_checkpoint(name)[1], _limits(name, max_num_tokens=128, enable_kv_cache_reuse=False))
+    intermediate = engine.runner.model.transformer.layers[0].mlp.proj.in_features
+    monkeypatch.setattr(decoder, "MLP_CHUNK_BYTES", 32 * 2 * intermediate * 4)
+    got = engine.generate(_requests(prompts, n, "c"))
+    assert [got[f"c{i}"] for i in range(len(prompts))] == want
