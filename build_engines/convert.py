@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import torch
+import transformers
+from packaging.version import Version
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import AutoConfig
@@ -25,6 +27,22 @@ from build_engines.hf_families.weights import convert_weights as _convert_weight
 from build_engines.side_files import copy_side_files
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# The oldest transformers whose config objects the converter reads (hf_families/): rope_parameters and layer_types
+# are transformers 5's layout; 4.x keeps rope_theta / rope_scaling apart and, before 4.53, no layer_types, where a
+# sliding window would be lost without a word; 5.0-5.3 write a stray `ignore_keys_at_rope_validation` into Phi-3
+# configs. The unit suite passes on 5.4.0 but for HF's own longrope generate (docs/operations.md, "Dependency bounds").
+# pip enforces pyproject's bound; this names it where it was bypassed (a container's own transformers, --no-deps).
+MIN_TRANSFORMERS = "5.4"
+
+
+def require_transformers(version: str | None = None) -> None:
+    """ValueError naming the installed and the needed transformers where the installed one is too old."""
+    version = version or transformers.__version__
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise ValueError(f"converting a HF checkpoint needs transformers>={MIN_TRANSFORMERS} (its config layout: "
+                         f"rope_parameters, layer_types); this environment has transformers {version}")
 
 
 def convert_hf_to_trtllm(hf_dir: Path, out_dir: Path, dtype: str = "float32") -> Path:
@@ -48,6 +66,7 @@ def checkpoint_config_from_hf(hf_dir: Path, dtype: str = "float32") -> TrtllmChe
     path = hf_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{hf_dir}: no config.json (not a HF checkpoint directory)")
+    require_transformers()
     raw = json.loads(path.read_text())
     family = family_of(raw, str(hf_dir))
     check_fields(family, raw, str(hf_dir))

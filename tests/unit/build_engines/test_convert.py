@@ -188,3 +188,16 @@ def test_convert_rejects_bad_inputs(tmp_path, tiny_hf_dir):
     with pytest.raises(ValueError, match="attention_bias=True is not supported"):
         convert_hf_to_trtllm(tmp_path / "biased", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("old", ["4.45.2", "4.57.6", "5.3.0", "5.4.0rc1"])
+def test_a_transformers_older_than_the_converter_reads_is_named(old):
+    """4.x lays its config out otherwise (rope_theta beside rope_scaling, no layer_types before 4.53), 5.0-5.3 write a
+    stray field into Phi-3 configs: refused by version, not by the first missing attribute (or a sliding window lost
+    without a word)."""
+    from build_engines.convert import MIN_TRANSFORMERS, require_transformers
+
+    with pytest.raises(ValueError, match=rf"transformers>={MIN_TRANSFORMERS}.*has transformers {old}"):
+        require_transformers(old)
+    require_transformers(MIN_TRANSFORMERS)
+    require_transformers()  # this environment's
