@@ -153,7 +153,8 @@ class Attention(nn.Module):
 
 
 _ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
-# Bytes of one MLP chunk's float32 (rows, 2 x intermediate) projection: about an L2 + share of L3 (perf/ISSUE16.md).
+# Bytes of one MLP chunk's float32 (rows, 2 x intermediate) projection: 1-8 MiB measured, 4 kept (perf/ISSUE16.md,
+# "The MLP in cache-sized row chunks during prefill").
 MLP_CHUNK_BYTES = 4 << 20
 
 
@@ -191,7 +192,8 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x (T, hidden). On CPU a long prefill runs in row chunks (cache_rows): each chunk's (rows, 2 x inter)
         # float32 intermediates stay in the caches instead of streaming (T, 2 x inter) through DRAM once for each
-        # elementwise op (widening, activation, product, rounding). Every row's result is unchanged (tested).
+        # elementwise op (widening, activation, product, rounding). Rows are independent: each row's result is
+        # unchanged, bit for bit with the float kernels (MKL, oneDNN float32 / bf16: test_mlp_chunks.py).
         chunks = row_chunks(x.shape[0], cache_rows(self.proj.in_features)) if x.device.type == "cpu" else 1
         if chunks == 1:
             return self._forward(x)
