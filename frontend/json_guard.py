@@ -8,11 +8,17 @@ within these limits, so nothing unbounded reaches Triton:
 - nesting: Python's C scanner refuses deep nesting with RecursionError at about the interpreter's recursion limit
   (1,000) without growing the C stack unboundedly; the parsed value is then checked against `max_depth`;
 - keys: at most `max_keys` object keys in the whole document, no duplicate key in an object;
-- numbers: NaN / Infinity literals are refused (not JSON), integers keep their exact value (range checks later).
+- numbers: NaN / Infinity literals are refused (not JSON), integers keep their exact value (range checks later);
+- strings: an escaped lone surrogate (`"\\ud800"`: valid JSON, no UTF-8 encoding) is refused: every string is
+  re-encoded toward Triton or the tokenizer, where it would fail as a 500.
+
+`check_list_lengths` bounds arrays for bodies whose fields are validated one element at a time (the OpenAI API's:
+pydantic builds one error per bad element, 3 million of them for a 6 MB body: seconds of the event loop's time).
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterable
 
@@ -85,6 +91,46 @@ def _depth(value: Any, max_depth: int) -> int:
     return deepest
 
 
+# A \uD800-\uDFFF escape (surrogate): JSON allows them, paired or not; only a body holding one needs the walk.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _strings(value: Any):
+    """Every string in a parsed value, keys included, walked iteratively."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    for text in _strings(value):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise JsonBodyError(f"JSON body holds a lone surrogate escape (\\u{ord(text[exc.start]):04x}) in a "
+                                f"string: not a Unicode character (pair it, or send the character itself)") from None
+
+
+def check_list_lengths(value: Any, max_items: int) -> None:
+    """JsonBodyError naming the first array (by its path) with more than max_items elements."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((child, f"{path}.{key}" if path else str(key)) for key, child in node.items())
+        elif isinstance(node, list):
+            if len(node) > max_items:
+                raise JsonBodyError(f"{path or 'the body'} holds {len(node)} items; at most {max_items} per array")
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node) if isinstance(child, (dict, list)))
+
+
 def parse_json(body: bytes, limits: JsonLimits) -> Any:
     """Parse `body` as UTF-8 JSON within `limits` (raises JsonBodyError naming the problem)."""
     if len(body) > limits.max_body_bytes:
@@ -105,4 +151,6 @@ def parse_json(body: bytes, limits: JsonLimits) -> Any:
         raise JsonBodyError(f"malformed JSON body: {exc}") from None
     if _depth(value, limits.max_depth) > limits.max_depth:
         raise JsonBodyError(f"JSON body is nested more than {limits.max_depth} levels deep")
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogates(value)
     return value

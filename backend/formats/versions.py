@@ -47,7 +47,9 @@ def list_versions(repo_dir: Path, model: str = LLM_MODEL) -> list[int]:
     model_dir = Path(repo_dir) / model
     if not model_dir.is_dir():
         raise ValueError(f"{model_dir} is not a model folder of the repository")
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+    # Triton's own rule: a folder whose name is a positive integer (ASCII digits: "²" is a digit to str.isdigit)
+    return sorted(int(p.name) for p in model_dir.iterdir()
+                  if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) > 0)
 
 
 def artifact_for(model_dir: Path, version: int) -> VersionArtifact | None:

@@ -59,7 +59,7 @@ def _timeout(params: Mapping[str, object]) -> int | None:
         if name not in params:
             continue
         value = params[name]
-        if isinstance(value, str) and value.strip().isdigit():
+        if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():  # "²" is a digit to str
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TIMEOUT_MS:
             raise InvalidRequestError(f"request parameter {name} must be an integer number of milliseconds in "

@@ -75,7 +75,8 @@ def create_app(config: KServeConfig) -> FastAPI:
     async def generate_route(request: Request) -> Response:
         model, version = request.path_params["model"], request.path_params.get("version")
         body = parse_json(await _body(request), config.limits)
-        validate_generate(body, await state["signatures"].get(model, version), config.parameters)
+        validate_generate(body, await state["signatures"].get(model, version), config.parameters,
+                          stream=request.url.path.endswith("/generate_stream"))
         return await forward(state["client"], request, request.url.path, _compact(body))
 
     async def infer_route(request: Request) -> Response:
@@ -116,7 +117,7 @@ def _json_size(request: Request, body_size: int) -> int:
     value = request.headers.get(BINARY_HEADER)
     if value is None:
         return body_size
-    if not value.isdigit() or int(value) > body_size:
+    if not (value.isascii() and value.isdigit()) or int(value) > body_size:  # "²" is a digit to str.isdigit
         raise JsonBodyError(f"{BINARY_HEADER} must be an integer within the body size ({body_size}), got "
                             f"{value[:32]!r}")
     return int(value)

@@ -81,6 +81,10 @@ async def create_completion(serving: Serving, req: CompletionRequest, caller: Ca
     model = serving.check_model(req.model)
     params = generation_params(req, DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens,
                                logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0)
+    if len(prompts) * params.n > serving.config.max_sequences:
+        raise bad_request(f"{len(prompts)} prompts x n={params.n} would start {len(prompts) * params.n} sequences; "
+                          f"at most {serving.config.max_sequences} per request (the server's --max-sequences)",
+                          "prompt")
     gens = [Generation(serving.client, serving.config.model, prompt, params, caller,
                        tag=f"-{p}" if len(prompts) > 1 else "") for p, prompt in enumerate(prompts)]
     await serving.start_all(gens)

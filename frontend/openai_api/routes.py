@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from frontend.json_guard import parse_json, read_body
+from frontend.json_guard import check_list_lengths, parse_json, read_body
 from frontend.openai_api.auth import Authenticator
 from frontend.openai_api.chat import create_chat_completion
 from frontend.openai_api.completions import create_completion
@@ -32,6 +32,7 @@ def validation_error(exc: ValidationError | RequestValidationError) -> OpenAIErr
 async def _parse(request: Request, model: type[BaseModel], serving: Serving) -> BaseModel:
     limits = serving.config.json_limits
     body = parse_json(await read_body(request.stream(), limits.max_body_bytes), limits)
+    check_list_lengths(body, serving.config.max_list_items)  # before pydantic's per-element errors
     try:
         return model.model_validate(body)
     except ValidationError as exc:

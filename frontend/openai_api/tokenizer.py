@@ -3,6 +3,7 @@ or chat_template.jinja, unless --chat-template overrides it) and token strings f
 (no hub access)."""
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ class ModelTokenizer:
                               "continue_final_message")
         from jinja2 import TemplateError
 
+        reserved = sorted(set(kwargs or ()) & self._reserved())
+        if reserved:
+            raise bad_request(f"chat_template_kwargs may not set {', '.join(map(repr, reserved))}: the server sets "
+                              f"them (the request's own fields where there are any)", "chat_template_kwargs")
         try:
             return self.tokenizer.apply_chat_template(
                 messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -44,6 +49,14 @@ class ModelTokenizer:
             raise bad_request(f"the chat template refused the conversation: {exc}", "messages") from None
         except ValueError as exc:  # e.g. continue_final_message on a conversation it cannot continue
             raise bad_request(str(exc), "messages") from None
+        except TypeError as exc:  # a template variable of the wrong type for what the template does with it
+            raise bad_request(f"the chat template failed on this request: {exc}", "chat_template_kwargs") from None
+
+    def _reserved(self) -> set[str]:
+        """Names chat_template_kwargs may not use: apply_chat_template's own arguments, and the conversation under
+        the names transformers renders it with (passed twice, they fail as a TypeError)."""
+        names = set(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}
+        return names | {"messages", "conversation", "conversations"}
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each token as text on its own (OpenAI's `tokens` / `token`): a byte-level token that is part of a

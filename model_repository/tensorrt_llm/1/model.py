@@ -148,32 +148,43 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            inputs = {}
-            for name in self.input_names:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    inputs[name] = tensor.as_numpy()
-            if inputs.get("stop") is not None and bool(inputs["stop"].reshape(-1)[0]):
-                self._stop(request.request_id(), inputs.get("request_key"), sender)
-                continue
-            if not self.phase.current.admitting:
-                _send_error(sender, self.phase.refusal(), pb_utils.TritonError.UNAVAILABLE)
-                continue
             try:
-                rows = parse_request(inputs, self.serving.exclude_input_in_output, self.decoupled)
-                context = request_context(request.parameters(), self.tenancy.tenant_header,
-                                          self.admission.limits.credentials)
-            except AuthenticationError as exc:
-                self.tenant_metrics.observe_unauthenticated()
-                _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)  # no UNAUTHENTICATED code in 2.51
-                continue
-            except InvalidRequestError as exc:
-                _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
-                continue
-            leases = self._admit(context, rows, sender)
-            if leases:
-                self._submit(request.request_id(), sender, rows, leases)
+                self._execute_one(request, sender)
+            except Exception as exc:  # a bug of ours: this request gets an error, the others in the batch go on
+                pb_utils.Logger.log_error(f"tensorrt_llm: request {request.request_id()!r} failed: {exc!r}")
+                try:  # no traceback or server paths to the client; the log has the exception
+                    _send_error(sender, f"internal error ({type(exc).__name__}) while accepting the request",
+                                pb_utils.TritonError.INTERNAL)
+                except Exception as send_exc:  # its final response already sent: nothing more to tell it
+                    pb_utils.Logger.log_error(f"tensorrt_llm: the error response failed too: {send_exc!r}")
         return None
+
+    def _execute_one(self, request, sender):
+        inputs = {}
+        for name in self.input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        if inputs.get("stop") is not None and bool(inputs["stop"].reshape(-1)[0]):
+            self._stop(request.request_id(), inputs.get("request_key"), sender)
+            return
+        if not self.phase.current.admitting:
+            _send_error(sender, self.phase.refusal(), pb_utils.TritonError.UNAVAILABLE)
+            return
+        try:
+            rows = parse_request(inputs, self.serving.exclude_input_in_output, self.decoupled)
+            context = request_context(request.parameters(), self.tenancy.tenant_header,
+                                      self.admission.limits.credentials)
+        except AuthenticationError as exc:
+            self.tenant_metrics.observe_unauthenticated()
+            _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)  # no UNAUTHENTICATED code in 2.51
+            return
+        except InvalidRequestError as exc:
+            _send_error(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            return
+        leases = self._admit(context, rows, sender)
+        if leases:
+            self._submit(request.request_id(), sender, rows, leases)
 
     def _admit(self, context, rows, sender):
         """The rows' leases, or None after refusing the request at once (never queued; docs/rate_limiting.md)."""

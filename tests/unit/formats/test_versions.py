@@ -54,3 +54,10 @@ def test_bad_artifact_file_is_a_clear_error(tmp_path):
         artifact_for(repo / "tensorrt_llm", 1)
     with pytest.raises(ValueError, match="absolute"):
         VersionArtifact(Path("relative"))
+
+
+def test_only_ascii_positive_integer_folders_are_versions(tmp_path):
+    repo = _repo(tmp_path)
+    for name in ("\u00b2", "\u0663", "0", "x1", "007"):  # "²" and "٣" pass str.isdigit; int("²") raises
+        (repo / "tensorrt_llm" / name).mkdir()
+    assert list_versions(repo) == [1, 7]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from frontend.json_guard import JsonBodyError, JsonLimits, parse_json, read_body
+from frontend.json_guard import JsonBodyError, JsonLimits, check_list_lengths, parse_json, read_body
 
 LIMITS = JsonLimits(max_body_bytes=1 << 20, max_depth=8, max_keys=16)
 
@@ -60,3 +60,32 @@ def test_read_body_stops_at_the_limit():
 def test_limits_are_validated():
     with pytest.raises(ValueError, match="max_depth must be >= 1"):
         JsonLimits(max_depth=0)
+
+
+@pytest.mark.parametrize("body", [b'{"text_input": "\\ud800x"}', b'{"a": ["ok", "\\uDFFF"]}', b'{"\\ud83d": 1}',
+                                  b'["\\ude00\\ud83d"]'])  # low before high: two lone halves
+def test_lone_surrogate_escapes_are_refused(body):
+    """Valid JSON, but no UTF-8 encodes them: the string would fail as a 500 where it is sent on."""
+    with pytest.raises(JsonBodyError, match="lone surrogate"):
+        parse_json(body, LIMITS)
+
+
+def test_a_surrogate_pair_is_one_character():
+    assert parse_json(b'{"t": "\\ud83d\\ude00 \\u00e9"}', LIMITS) == {"t": "\U0001F600 \u00e9"}
+
+
+def test_list_lengths_are_bounded_naming_the_path():
+    check_list_lengths({"prompt": ["a"] * 4, "messages": [{"content": [1, 2]}]}, 4)
+    with pytest.raises(JsonBodyError, match=r"^prompt holds 5 items; at most 4"):
+        check_list_lengths({"prompt": ["a"] * 5}, 4)
+    with pytest.raises(JsonBodyError, match=r"^messages\[1\]\.content holds 6 items"):
+        check_list_lengths({"messages": [{"content": []}, {"content": [0] * 6}]}, 4)
+    with pytest.raises(JsonBodyError, match=r"^the body holds 5 items"):
+        check_list_lengths([0] * 5, 4)
+
+
+def test_a_huge_list_is_refused_quickly():
+    started = time.monotonic()
+    with pytest.raises(JsonBodyError, match="3000000 items"):
+        check_list_lengths({"prompt": [0] * 3_000_000}, 4096)
+    assert time.monotonic() - started < 0.5

@@ -54,3 +54,15 @@ def test_token_strings(tokenizer_dir):
     assert ModelTokenizer(tokenizer_dir).token_strings([1, 2]) == ["hello", "world"]
     with pytest.raises(OpenAIError, match="--tokenizer-dir"):
         ModelTokenizer(None).token_strings([1])
+
+
+@pytest.mark.parametrize("key", ["tokenize", "chat_template", "messages", "conversation", "return_dict"])
+def test_chat_template_kwargs_may_not_set_what_the_server_sets(tokenizer_dir, tmp_path, key):
+    """Passed twice they failed as a TypeError (a 500); now a 400 naming the key."""
+    override = tmp_path / "t.jinja"
+    override.write_text("{% for m in messages %}{{ m.content }}{% endfor %}{{ flavour | default('') }}")
+    tok = ModelTokenizer(tokenizer_dir, override)
+    with pytest.raises(OpenAIError, match=f"chat_template_kwargs may not set '{key}'") as err:
+        tok.render_chat(MESSAGES, False, False, {key: True})
+    assert err.value.status == 400
+    assert tok.render_chat(MESSAGES, False, False, {"flavour": "!"}) == "su!"  # the template's own variables pass

@@ -101,3 +101,16 @@ def test_element_checks_cover_every_datatype():
             check_element("x", datatype, value)
     with pytest.raises(RequestError, match="does not accept"):
         check_element("x", "TYPE_UNKNOWN", 1)
+
+
+@pytest.mark.parametrize("body", [{"stream": True}, {"stream": [True]}, {"num_return_sequences": 2},
+                                  {"num_return_sequences": [3]}])
+def test_generate_refuses_what_needs_several_responses(body):
+    """Triton's /generate takes exactly one response; it would say so only after the whole generation, as HTTP 200."""
+    sig = ModelSignature.from_config({**CONFIG, "input": CONFIG["input"] + [
+        {"name": "num_return_sequences", "data_type": "TYPE_INT32", "dims": ["1"], "optional": True}]})
+    with pytest.raises(RequestError, match="use /generate_stream"):
+        validate_generate({"text_input": "def ", "max_tokens": 8, **body}, sig, stream=False)
+    validate_generate({"text_input": "def ", "max_tokens": 8, **body}, sig, stream=True)
+    validate_generate({"text_input": "def ", "max_tokens": 8, "stream": False, "num_return_sequences": 1}, sig,
+                      stream=False)

@@ -49,6 +49,8 @@ def test_no_keys_configured_anonymous_is_the_default_tenant():
     ({"authorization": "Basic abc"}, "must be 'Bearer <api key>'"),
     ({"x-tritonllm-front-key": 5}, "x-tritonllm-front-key must be a string"),
     ({"timeout_ms": 0}, "timeout_ms must be an integer"),
+    ({"timeout_ms": "\u00b2"}, "timeout_ms must be an integer"),  # str.isdigit says yes, int() says no
+    ({"timeout_ms": " \u0663 "}, "timeout_ms must be an integer"),  # an Arabic-Indic three
     ({"timeout_ms": 10**9}, "timeout_ms must be an integer"),
     ({"timeout": True}, "timeout must be an integer"),
 ])
