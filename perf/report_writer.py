@@ -17,8 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 LABELS = {"engine": "engine in-process", "ensemble": "server: ensemble (gRPC stream)",
           "tensorrt_llm": "server: tensorrt_llm direct (gRPC stream)"}
 GOAL = 0.9
-BUSY = (" -- the machine was busy with other work during this run (other engineers' builds and tests), so absolute "
-        "numbers are low and noisy; compare within a table, whose columns ran interleaved, one right after the other")
+BUSY = (" -- above half the cores before the run began (other processes, or this command's own set-up steps just "
+        "before), so absolute numbers may be low and noisy; compare within a table, whose columns ran interleaved, "
+        "one right after the other")
 
 
 
