@@ -54,3 +54,28 @@ def test_chunks_only_on_cpu_and_beyond_a_chunk(monkeypatch):
     mlp(torch.randn(cache_rows(256), 96))
     mlp(torch.randn(2 * cache_rows(256) + 1, 96))
     assert calls[0] == cache_rows(256) and len(calls) == 1 + 3
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("name", ["llama3", "phi3_4k", "gemma2", "qwen3", "qwen2_swa"])  # fused MLP, sandwich norms
+def test_a_whole_prefill_in_row_chunks_equals_it_in_one_piece(family_checkpoint, monkeypatch, name, kernel):
+    """Every layer's MLP in 32-row chunks: every logit of every position the same bit for bit, through the model's
+    own prefill (scoring.window_logits: 2 prompts x 40 tokens, 80 rows), with each linear kernel."""
+    from backend.model.loader import load_model
+    from backend.model.prepacked_linear import prepack_linears
+    from backend.model.scoring import window_logits
+
+    model = load_model(family_checkpoint(name)[1], torch.device("cpu"))
+    kv_dtype = torch.bfloat16 if kernel.endswith("bfloat16") else None  # bf16 linears keep bf16 K/V (the engine)
+    if kernel != "torch":
+        reason = onednn_unavailable("cpu") if kv_dtype is None else bf16_linears_unavailable("cpu")
+        if reason is not None:
+            pytest.skip(reason)
+        model = prepack_linears(model, kv_dtype)
+    windows = torch.randint(1, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        monkeypatch.setattr(decoder, "MLP_CHUNK_BYTES", 1 << 40)
+        whole = window_logits(model, windows, kv_dtype)
+        monkeypatch.setattr(decoder, "MLP_CHUNK_BYTES", 16 * 2 * model.transformer.layers[0].mlp.proj.in_features * 4)
+        chunked = window_logits(model, windows, kv_dtype)
+    assert torch.equal(chunked, whole)
