@@ -89,7 +89,13 @@ def test_dead_llm_process_fails_in_flight_at_once_and_the_server_comes_back(laun
     print(f"serving again after {time.monotonic() - killed:.1f} s")
     out = generate(launcher.grpc_url, "def fibonacci(n):", 24)
     assert out.ok and "".join(out.texts) == hf_text(hf, "def fibonacci(n):", 24)
-    assert "restarting: the tensorrt_llm v1 model process" in launcher.log_path.read_text()
+    log = launcher.log_path.read_text()
+    # The launcher restarts the dead model's process. tritonserver 2.51 itself may abort first, when the stub died
+    # holding its Python backend's shared-memory lock (boost::interprocess::lock_exception, then SIGABRT; seen once,
+    # CI of 2026-11-26): then the launcher restarts tritonserver. Either way the server serves again (above).
+    assert "restarting: the tensorrt_llm v1 model process" in log or (
+        "boost::interprocess::lock_exception" in log and "restarting: tritonserver exited with code -6" in log), \
+        log[-3000:]
 
 
 def test_dead_postprocessing_process_with_no_restarts_left_exits_non_zero(launch):
