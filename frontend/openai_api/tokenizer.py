@@ -19,10 +19,12 @@ NO_TEMPLATE = ("this model's tokenizer has no chat template: start the server wi
 class ModelTokenizer:
     def __init__(self, tokenizer_dir: Path | None, chat_template: Path | None = None) -> None:
         self.tokenizer = None
+        self.reserved: frozenset[str] = frozenset()  # names chat_template_kwargs may not use (_reserved)
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            self.reserved = _reserved(self.tokenizer)
         self.template = chat_template.read_text() if chat_template else getattr(self.tokenizer, "chat_template", None)
         if not self.template:
             log.warning("front: %s", NO_TEMPLATE)
@@ -37,7 +39,7 @@ class ModelTokenizer:
                               "continue_final_message")
         from jinja2 import TemplateError
 
-        reserved = sorted(set(kwargs or ()) & self._reserved())
+        reserved = sorted(set(kwargs or ()) & self.reserved)
         if reserved:
             raise bad_request(f"chat_template_kwargs may not set {', '.join(map(repr, reserved))}: the server sets "
                               f"them (the request's own fields where there are any)", "chat_template_kwargs")
@@ -52,12 +54,6 @@ class ModelTokenizer:
         except TypeError as exc:  # a template variable of the wrong type for what the template does with it
             raise bad_request(f"the chat template failed on this request: {exc}", "chat_template_kwargs") from None
 
-    def _reserved(self) -> set[str]:
-        """Names chat_template_kwargs may not use: apply_chat_template's own arguments, and the conversation under
-        the names transformers renders it with (passed twice, they fail as a TypeError)."""
-        names = set(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}
-        return names | {"messages", "conversation", "conversations"}
-
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each token as text on its own (OpenAI's `tokens` / `token`): a byte-level token that is part of a
         multi-byte character shows as U+FFFD, as other servers do."""
@@ -66,3 +62,10 @@ class ModelTokenizer:
                               "logprobs")
         pieces = self.tokenizer.convert_ids_to_tokens(ids)
         return [self.tokenizer.convert_tokens_to_string([p]) for p in pieces]
+
+
+def _reserved(tokenizer) -> frozenset[str]:
+    """Names chat_template_kwargs may not use: apply_chat_template's own arguments, and the conversation under the
+    names transformers renders it with (passed twice, they fail as a TypeError). Read once, at load."""
+    names = set(inspect.signature(tokenizer.apply_chat_template).parameters) - {"kwargs"}
+    return frozenset(names | {"messages", "conversation", "conversations"})
