@@ -44,7 +44,9 @@ class EngineConfig:
     # native-bf16 CPUs), "torch" (F.linear: MKL on CPU), "auto" (onednn where it can run, else torch).
     linear_kernel: str = "auto"
     # Decode steps' attention (backend/model/kernels/paged_decode.py): "paged" (read in place from the KV pool by a
-    # compiled kernel; CPU, float32), "torch" (gather + SDPA), "auto" (paged where it runs, else torch).
+    # compiled kernel; CPU, float32), "torch" (gather + SDPA), "auto" (paged where it runs, else torch). With
+    # "paged", prompts prefilled from position 0 over bf16 pools (bf16 linears) attend by the compiled causal kernel
+    # where the CPU has AVX-512 BF16 (backend/model/kernels/causal_prefill.py).
     attention_kernel: str = "auto"
     # Decode steps' decoder layers (backend/model/kernels/decode_layers.py): "native" (one compiled call running the
     # same operations, bit-equal; needs the paged attention kernel and oneDNN linears), "python", "auto" (native

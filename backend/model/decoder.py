@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.model.features import AttentionFeatures, DecoderFeatures, MlpFeatures
+from backend.model.kernels.causal_prefill import causal_prefill
 from backend.model.kernels.paged_decode import paged_decode
 
 
@@ -40,6 +41,9 @@ class AttentionMetadata:
     # Windows whose mask is plain top-left causal (every sequence's context is its new tokens, from column 0, and the
     # window does not cut it): SDPA's is_causal skips the blocks above the diagonal, the same result bit for bit.
     causal: frozenset[int | None] = frozenset()
+    # Steps whose causal windows the compiled prefill kernel runs (backend/model/kernels/causal_prefill.py): (B, 2)
+    # int64, each sequence's first flat token and new-token count; None: SDPA with is_causal.
+    causal_seqs: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -142,6 +146,11 @@ class Attention(nn.Module):
             first, stop = meta.decode_columns[self.window]
             out = paged_decode(q, k_cache, v_cache, meta.context_slots, first, stop, self.scale, self.softcap)
             return self.dense(out.view(B, self.n_heads * d))  # (B, H, d) read in place from the pool
+        if (meta.causal_seqs is not None and self.window in meta.causal and self.softcap is None
+                and k.dtype == torch.bfloat16 and q.dtype == torch.float32):
+            # every sequence's keys are its own new tokens (k, v in flat token order): no gather, no padding
+            out = causal_prefill(q, k, v, meta.causal_seqs, self.scale)  # (T, H, d)
+            return self.dense(out.view(T, H * d))
         # (B, n_heads, Q, head_dim): a decode step's T tokens are its B sequences already
         q_pad = (q.view(B, 1, self.n_heads, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
         k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2).to(q.dtype)  # (B, n_kv, L, head_dim)

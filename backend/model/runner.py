@@ -1,23 +1,42 @@
 """Runs one step of the model: StepInputs in, next-token logits out (the engine's batch never gets here)."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
 from backend.model.decoder import AttentionMetadata
+from backend.model.kernels.causal_prefill import unsupported as causal_prefill_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers
 from backend.model.kernels.paged_decode import resolve_attention_kernel
 from backend.model.prepacked_linear import prepack_linears, resolve_linear_kernel
 from backend.model.quantized_kv import kv_pools
 from backend.model.step_inputs import StepInputs, step_tensors
 
+log = logging.getLogger(__name__)
 
-def model_step_tensors(model: CausalLM, inputs: StepInputs, device: torch.device,
-                       paged_decode: bool = False) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+
+def model_step_tensors(model: CausalLM, inputs: StepInputs, device: torch.device, paged_decode: bool = False,
+                       causal_prefill: bool = False) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
     """step_tensors() for this model: its rotary embedding, its layers' windows, its dtype."""
     return step_tensors(inputs, model.rotary, set(model.features.windows), torch_dtype(model.config), device,
-                        paged_decode)
+                        paged_decode, causal_prefill)
+
+
+def resolve_causal_prefill(attention_kernel: str, model: CausalLM, kv_layers: list, device: torch.device) -> bool:
+    """Whether prefills from position 0 run the compiled causal kernel: with the paged attention kernel, over bf16
+    pools (backend/model/kernels/causal_prefill.py); where it does not apply, the reason is logged."""
+    if attention_kernel != "paged":
+        return False
+    pool = kv_layers[0][0] if kv_layers else None
+    if not isinstance(pool, torch.Tensor) or pool.dtype == torch.float32:  # FP8 pools; float32 ones keep SDPA
+        return False
+    reason = causal_prefill_unsupported(model.config.head_size, pool.dtype, device)
+    if reason is not None:
+        log.info("prefill attention runs SDPA: %s", reason)
+    return reason is None
 
 
 class KVCache:
@@ -50,12 +69,13 @@ class ModelRunner:
         self.device = device
         self.kv = KVCache(model, num_blocks, block_size, device, linear_dtype)
         self.native_layers = resolve_decode_layers(decode_layers, self.model, self.kv.layers, self.attention_kernel)
+        self.causal_prefill = resolve_causal_prefill(self.attention_kernel, model, self.kv.layers, device)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
         input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device,
-                                                           self.attention_kernel == "paged")
+                                                           self.attention_kernel == "paged", self.causal_prefill)
         native = self.native_layers if meta.decode_columns is not None else None  # a decode step: one compiled call
         return self.model(input_ids, meta, self.kv.layers, logits_index, native)
 

@@ -65,10 +65,12 @@ class StepInputs:
 
 
 def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int | None], dtype: torch.dtype,
-                 device: torch.device, paged_decode: bool = False) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+                 device: torch.device, paged_decode: bool = False,
+                 causal_prefill: bool = False) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
     """(input_ids (T,), AttentionMetadata, logits_index (S,)), built with vectorised ops (no per-token Python).
     `windows`: the distinct sliding windows of the model's layers (None: full attention), one mask each.
-    `paged_decode`: a decode step gets each window's column ranges for the paged kernel (decode_columns)."""
+    `paged_decode`: a decode step gets each window's column ranges for the paged kernel (decode_columns).
+    `causal_prefill`: a step with causal windows gets each sequence's token range for that kernel (causal_seqs)."""
     start, end, ctx_slots, ctx0 = inputs.start, inputs.end, inputs.context_slots, inputs.ctx_start
     q_len = end - start
     B, L = ctx_slots.shape
@@ -100,6 +102,8 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
     )
     if paged_decode and meta.decode_only:
         meta.decode_columns = _decode_columns(end - ctx0, windows, device)
+    if causal_prefill and meta.causal:
+        meta.causal_seqs = torch.stack((first, q_len), dim=1).to(device)
     logits_index = (first + q_len - 1)[inputs.sampled.bool()]  # the last new token of each sequence that samples
     return inputs.tokens.to(device), meta, logits_index.to(device)
 

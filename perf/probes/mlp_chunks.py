@@ -30,19 +30,28 @@ def timed(engine: LLMEngine, prompts: list[tuple[int, ...]], tag: str) -> tuple[
     return time.perf_counter() - start, [out[f"{tag}{i}"] for i in range(len(prompts))]
 
 
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--long", type=int, default=2047)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--short", type=int, default=128)
+
+
+def prefill_workloads(args: argparse.Namespace) -> dict[str, list[tuple[int, ...]]]:
+    """One long prompt, and a batch of short ones (synthetic ids: the time does not depend on them)."""
+    return {f"1 x {args.long}": [tuple((j * 13) % 1000 + 1 for j in range(args.long))],
+            f"{args.batch} x {args.short}": [tuple((i * 7 + j) % 1000 + 1 for j in range(args.short))
+                                             for i in range(args.batch)]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hf", type=Path, required=True)
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--bytes", type=int, nargs="+", default=[decoder.MLP_CHUNK_BYTES, 0])
-    parser.add_argument("--long", type=int, default=2047)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--short", type=int, default=128)
+    add_workload_args(parser)
     args = parser.parse_args()
-    workloads = {f"1 x {args.long}": [tuple((j * 13) % 1000 + 1 for j in range(args.long))],
-                 f"{args.batch} x {args.short}": [tuple((i * 7 + j) % 1000 + 1 for j in range(args.short))
-                                                  for i in range(args.batch)]}
+    workloads = prefill_workloads(args)
     for dtype in args.dtypes:
         model = artifacts.from_hf(args.hf, dtype)
         engine = LLMEngine(model.engine_dir, EngineConfig(

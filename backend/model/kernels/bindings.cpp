@@ -1,5 +1,5 @@
 // The Python module of the compiled kernels (backend/model/kernels/build.py): one extension, one binding each.
-// Both release the GIL while they run, as torch's own operators do: a decode step's layers take milliseconds, and
+// The kernels release the GIL while they run, as torch's own operators do: a decode step's layers take milliseconds, and
 // the model process's other Python threads (the served engine's response sends) must run meanwhile.
 #include "kernels.h"
 
@@ -9,4 +9,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call (float32, CPU)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("causal_prefill", &causal_prefill, "causal attention of prompts prefilled from position 0 (bf16 K/V, CPU)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("causal_prefill_available", &causal_prefill_available,
+        "whether causal_prefill was compiled (the CPU has AVX-512 BF16)");
 }

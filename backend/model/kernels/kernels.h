@@ -16,3 +16,8 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
                             const torch::Tensor& slot_mapping, const torch::Tensor& cos,
                             const torch::Tensor& sin_signed, const torch::Tensor& context_slots,
                             const std::vector<int64_t>& dims, const std::vector<double>& scalars);
+
+// causal_prefill.cpp: causal attention of prompts prefilled from position 0, bf16 products (AVX-512 BF16 CPUs).
+bool causal_prefill_available();
+torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& seqs, double scale);
