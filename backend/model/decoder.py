@@ -44,6 +44,11 @@ class AttentionMetadata:
     # Steps whose causal windows the compiled prefill kernel runs (backend/model/kernels/causal_prefill.py): (B, 2)
     # int64, each sequence's first flat token and new-token count; None: SDPA with is_causal.
     causal_seqs: torch.Tensor | None = None
+    # A step mixing decode tokens with prompts (in-flight batching): ((T_g,) flat token indices, the metadata of just
+    # those sequences) per group, decode sequences and prefilling ones, each attended on its own. Padded together,
+    # every decoding sequence would carry the longest prompt's Q query rows: a 1,024-token prompt beside 15 decoding
+    # sequences took 5.6 s a step instead of 0.7 (perf/ISSUE16.md). None: one group.
+    parts: list[tuple[torch.Tensor, AttentionMetadata]] | None = None
 
 
 class RMSNorm(nn.Module):
@@ -140,25 +145,34 @@ class Attention(nn.Module):
             k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
         k_cache.index_copy_(0, meta.slot_mapping, k)  # cheaper than k_cache[slot_mapping] = k (no index_put_)
         v_cache.index_copy_(0, meta.slot_mapping, v)
+        if meta.parts is None:
+            out = self._attend(q, k, v, k_cache, v_cache, meta)
+        else:  # decode tokens and prompts, each group on its own (every K/V row is in the pool by now)
+            out = q.new_empty(T, H, d)
+            for tokens, part in meta.parts:
+                out[tokens] = self._attend(q[tokens], k[tokens], v[tokens], k_cache, v_cache, part)
+        return self.dense(out.reshape(T, H * d))  # (T, heads*dim) in token order
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q (T, H, d), this step's k/v (T, KV, d) in the pools' dtype -> (T, H, d) in flat token order."""
+        T, H, d = q.shape
         B, Q = meta.query_index.shape
         if meta.decode_columns is not None and isinstance(k_cache, torch.Tensor):  # FP8 pools take the torch path
             first, stop = meta.decode_columns[self.window]
-            out = paged_decode(q, k_cache, v_cache, meta.context_slots, first, stop, self.scale, self.softcap)
-            return self.dense(out.view(B, self.n_heads * d))  # (B, H, d) read in place from the pool
+            return paged_decode(q, k_cache, v_cache, meta.context_slots, first, stop, self.scale, self.softcap)
         if (meta.causal_seqs is not None and self.window in meta.causal and self.softcap is None
                 and k.dtype == torch.bfloat16 and q.dtype == torch.float32):
             # every sequence's keys are its own new tokens (k, v in flat token order): no gather, no padding
-            out = causal_prefill(q, k, v, meta.causal_seqs, self.scale)  # (T, H, d)
-            return self.dense(out.view(T, H * d))
-        # (B, n_heads, Q, head_dim): a decode step's T tokens are its B sequences already
-        q_pad = (q.view(B, 1, self.n_heads, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
+            return causal_prefill(q, k, v, meta.causal_seqs, self.scale)
+        # (B, H, Q, d): a decode step's T tokens are its B sequences already
+        q_pad = (q.view(B, 1, H, d) if meta.decode_only else q[meta.query_index]).transpose(1, 2)
         k_ctx = gather(k_cache, meta.context_slots).transpose(1, 2).to(q.dtype)  # (B, n_kv, L, head_dim)
         v_ctx = gather(v_cache, meta.context_slots).transpose(1, 2).to(q.dtype)  # (bf16 pools: widened, exact)
         out = attend(q_pad, k_ctx, v_ctx, meta.masks[self.window], self.scale, self.softcap,
                      self.window in meta.causal)
-        out = out.transpose(1, 2).reshape(B * Q, self.n_heads * d)
-        return self.dense(out if meta.decode_only else out[meta.query_flat])  # (T, heads*dim) in token order
+        out = out.transpose(1, 2).reshape(B * Q, H, d)
+        return out if meta.decode_only else out[meta.query_flat]
 
 
 _ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}

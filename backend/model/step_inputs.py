@@ -104,8 +104,26 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
         meta.decode_columns = _decode_columns(end - ctx0, windows, device)
     if causal_prefill and meta.causal:
         meta.causal_seqs = torch.stack((first, q_len), dim=1).to(device)
+    decoding = q_len == 1
+    if Q > 1 and bool(decoding.any()):  # decode tokens beside prompts: each group attends on its own
+        meta.parts = [_part(inputs, group, q_len, rotary, windows, dtype, device, paged_decode, causal_prefill)
+                      for group in (decoding, ~decoding)]
     logits_index = (first + q_len - 1)[inputs.sampled.bool()]  # the last new token of each sequence that samples
     return inputs.tokens.to(device), meta, logits_index.to(device)
+
+
+def _part(inputs: StepInputs, group: torch.Tensor, q_len: torch.Tensor, rotary: RotaryEmbedding,
+          windows: set[int | None], dtype: torch.dtype, device: torch.device, paged_decode: bool,
+          causal_prefill: bool) -> tuple[torch.Tensor, AttentionMetadata]:
+    """group (B,) bool: those sequences' flat token indices (T_g,) and their own step metadata, as if they were the
+    step (contexts cut to the longest of theirs). Only the attention reads it: the K/V writes use the whole step's."""
+    tokens = group.repeat_interleave(q_len).nonzero().squeeze(1)  # (T_g,) tokens of the group's sequences
+    width = int((inputs.end - inputs.ctx_start)[group].max())
+    sub = StepInputs(inputs.tokens[tokens], inputs.start[group], inputs.end[group], inputs.sampled[group],
+                     inputs.context_slots[group, :width], inputs.ctx_start[group], inputs.prompt_len[group],
+                     inputs.total_len[group])
+    _, meta, _ = step_tensors(sub, rotary, windows, dtype, device, paged_decode, causal_prefill)
+    return tokens.to(device), meta
 
 
 def _causal_windows(start: torch.Tensor, ctx0: torch.Tensor, Q: int, windows: set[int | None]) -> frozenset:

@@ -62,3 +62,26 @@ def test_a_fresh_prefill_told_causal_equals_its_mask():
     outs = [attention(x, torch.zeros(111, 2, 16), torch.zeros(111, 2, 16), m)
             for m in (meta, dataclasses.replace(meta, causal=frozenset()))]
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (3, None), (None, 30.0)])
+def test_a_step_mixing_decodes_and_prompts_attends_per_group_as_the_padded_layout(window, softcap):
+    """Decode tokens beside a prefill chunk and a fresh prompt: each group attended on its own (meta.parts) gives what
+    the one padded (B, Q, L) layout gives, without padding every decode sequence to the longest chunk."""
+    torch.manual_seed(3)
+    attention = Attention(AttentionFeatures(64, 4, 2, 16, False, False, 1e-6, 0.25, softcap), window=window)
+    rotary = RotaryEmbedding(RopeSpec("default", 10000.0, 16, 64), torch.device("cpu"))
+    # decode at 9, a 5-token chunk at 3..7 after 3 cached positions, a decode at 2, a fresh 4-token prompt
+    start, end = torch.tensor([9, 3, 2, 0]), torch.tensor([10, 8, 3, 4])
+    inputs = StepInputs.of(tokens=torch.arange(11), start=start, end=end, sampled=torch.tensor([1, 1, 1, 1]),
+                           context_slots=torch.arange(40).view(4, 10))
+    _, meta, _ = step_tensors(inputs, rotary, {window}, torch.float32, torch.device("cpu"))
+    assert [tokens.tolist() for tokens, _ in meta.parts] == [[0, 6], [1, 2, 3, 4, 5, 7, 8, 9, 10]]
+    assert meta.parts[0][1].decode_only and meta.parts[1][1].query_index.shape == (2, 5)
+    x = torch.randn(11, 64)
+    outs = []
+    for m in (meta, dataclasses.replace(meta, parts=None)):
+        g = torch.Generator().manual_seed(1)
+        k_cache, v_cache = torch.randn(40, 2, 16, generator=g), torch.randn(40, 2, 16, generator=g)
+        outs.append(attention(x, k_cache, v_cache, m))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)

@@ -79,3 +79,20 @@ def test_causal_windows_only_where_the_mask_is_top_left_causal():
     assert meta_of([3, 0], [5, 2]).causal == frozenset()  # sequence 0 has 3 cached positions
     assert meta_of([4, 0], [5, 2], ctx_start=[4, 0]).causal == {None, 3, 5}  # released positions 0..3; chunks <= 2
     assert meta_of([4, 6], [5, 7]).causal == frozenset()  # a decode step
+
+
+def test_a_step_mixing_decodes_and_prompts_gets_one_metadata_per_group():
+    """The decode sequence and the chunk each get the metadata step_tensors gives them alone (contexts cut to their
+    own width), with their flat token indices; the paged kernel's columns go to the decode group."""
+    _, meta, _ = step_tensors(_inputs(), ROTARY, {None, 3}, torch.float32, torch.device("cpu"), paged_decode=True)
+    (decode_tokens, decode), (chunk_tokens, chunk) = meta.parts
+    assert decode_tokens.tolist() == [3] and chunk_tokens.tolist() == [0, 1, 2]
+    assert decode.decode_only and decode.decode_columns is not None and chunk.decode_columns is None
+    assert decode.slot_mapping.tolist() == [19] and chunk.slot_mapping.tolist() == [4, 5, 6]
+    assert chunk.context_slots.shape == (1, 7) and decode.context_slots.shape == (1, 10)
+    assert torch.equal(chunk.masks[3][0, 0], meta.masks[3][0, 0, :3, :7])
+    assert torch.equal(decode.cos, meta.cos[3:]) and chunk.parts is None and decode.parts is None
+    fresh = step_tensors(StepInputs.of(tokens=torch.arange(5), start=torch.tensor([0, 0]), end=torch.tensor([3, 2]),
+                                       sampled=torch.ones(2), context_slots=torch.arange(6).view(2, 3)),
+                         ROTARY, {None}, torch.float32, torch.device("cpu"))[1]
+    assert fresh.parts is None  # prompts only: one group
