@@ -156,7 +156,7 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """q (T, H, d), this step's k/v (T, KV, d) in the pools' dtype -> (T, H, d) in flat token order."""
-        T, H, d = q.shape
+        H, d = q.shape[1:]
         B, Q = meta.query_index.shape
         if meta.decode_columns is not None and isinstance(k_cache, torch.Tensor):  # FP8 pools take the torch path
             first, stop = meta.decode_columns[self.window]

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -155,7 +156,9 @@ void run(const torch::Tensor& qb, const torch::Tensor& k, const torch::Tensor& v
     const int64_t padded = (seqs[2 * b + 1] + kBlock - 1) / kBlock * kBlock;
     for (int64_t g = 0; g < KV; ++g) offset[b * KV + g + 1] = offset[b * KV + g] + padded * D / 2;
   }
-  std::vector<int32_t> kpack(offset.back()), vpack(offset.back());
+  // Left uninitialised here: pack_head writes every element, padding zeros included.
+  const auto kpack = std::make_unique_for_overwrite<int32_t[]>(offset.back());
+  const auto vpack = std::make_unique_for_overwrite<int32_t[]>(offset.back());
   const auto* kp = k.data_ptr<at::BFloat16>();
   const auto* vp = v.data_ptr<at::BFloat16>();
   const int nthreads = at::get_num_threads();
@@ -163,7 +166,7 @@ void run(const torch::Tensor& qb, const torch::Tensor& k, const torch::Tensor& v
   for (int64_t bg = 0; bg < B * KV; ++bg) {
     const int64_t b = bg / KV, g = bg % KV, first = seqs[2 * b];
     pack_head(kp + first * row + g * D, vp + first * row + g * D, seqs[2 * b + 1], row, D,
-              kpack.data() + offset[bg], vpack.data() + offset[bg]);
+              kpack.get() + offset[bg], vpack.get() + offset[bg]);
   }
   // Work items: 48 query rows (a multiple of every R) of one head of one sequence, the longest (latest rows) first
   // for balance.
@@ -184,7 +187,7 @@ void run(const torch::Tensor& qb, const torch::Tensor& k, const torch::Tensor& v
   for (int64_t w = 0; w < n_items; ++w) {
     const Item it = items[w];
     const int64_t first = seqs[2 * it.seq], n = seqs[2 * it.seq + 1], g = it.head / G;
-    const PackedHead kv{kpack.data() + offset[it.seq * KV + g], vpack.data() + offset[it.seq * KV + g]};
+    const PackedHead kv{kpack.get() + offset[it.seq * KV + g], vpack.get() + offset[it.seq * KV + g]};
     for (int64_t i0 = it.row0; i0 < std::min(it.row0 + kRows, n); i0 += R) {
       const int32_t* q[R];
       float* o[R];
