@@ -81,6 +81,11 @@ def exclusion_path(server_pid: int | None = None, folder: Path | None = None) ->
     return Path(folder or tempfile.gettempdir()) / f"tritonllm-bls-{os.getuid()}-{pid}.lock"
 
 
+def remove_exclusion(server_pid: int, folder: Path | None = None) -> None:
+    """Once tritonserver `server_pid` has exited, its exclusion's file goes (the launchers call this)."""
+    exclusion_path(server_pid, folder).unlink(missing_ok=True)
+
+
 def server_exclusion() -> BlsExclusion:
     """The exclusion shared by this server's models (call inside a model process, whose parent is tritonserver)."""
     return BlsExclusion(exclusion_path())

@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from backend.serving.bls_exclusion import ACK_PARAMETER, BlsExclusion, Reply, exclusion_path, held, wants_ack
+from backend.serving.bls_exclusion import (
+    ACK_PARAMETER,
+    BlsExclusion,
+    Reply,
+    exclusion_path,
+    held,
+    remove_exclusion,
+    wants_ack,
+)
 
 
 def _hold_in_child(path, holding, release) -> None:
@@ -84,6 +92,13 @@ def test_one_file_per_server_and_user(tmp_path):
     assert exclusion_path(123, tmp_path) == tmp_path / f"tritonllm-bls-{os.getuid()}-123.lock"
     assert exclusion_path(123, tmp_path) != exclusion_path(124, tmp_path)
     assert exclusion_path(folder=tmp_path).name.endswith(f"-{os.getppid()}.lock")  # inside a stub: the server
+
+
+def test_removed_after_its_server(tmp_path):
+    BlsExclusion(exclusion_path(123, tmp_path))
+    remove_exclusion(123, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    remove_exclusion(123, tmp_path)  # gone already (a server that never loaded a decoupled model): nothing to do
 
 
 def test_refuses_a_link_planted_at_its_name(tmp_path):
