@@ -14,9 +14,9 @@ in a cycle inside one stub process, when one thread calls a decoupled exec() whi
 
 A second response for a stream arriving while its reader waits for the GIL, and an exec() of another thread in the
 window, close the cycle: the stub's threads all stop for good (and so every stream through the model, the server's
-in-flight count never reaching zero). Seen here in the canary router (tests/integration/test_canary.py under 16
-streams, about once in twenty runs; `perf/probes/bls_deadlock.py` provokes it in minutes with two busy processes
-beside it), with the stacks above in gdb.
+in-flight count never reaching zero). Seen here in the canary router (a CI run of tests/integration/test_canary.py,
+16 streams; `perf/probes/bls_deadlock.py` provokes it within minutes with two busy processes beside it), with the
+stacks above in gdb.
 
 No order of Python calls inside the stub avoids it (the reader waits inside the C++ call; exec() holds the GIL in
 it). The cycle needs the receiving thread to be pushing a response while an exec() registers its iterator, and every
@@ -39,10 +39,10 @@ user, plus a thread lock (flock does not exclude threads sharing one open file).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 import threading
-import json
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import ContextManager, Iterator
@@ -51,7 +51,8 @@ ACK_PARAMETER = "tritonllm_bls_ack"  # request parameter (bool): answer at once 
 
 
 class BlsExclusion:
-    """Exclusive across the processes opening `path` and across threads of this one."""
+    """Exclusive across the processes opening `path` and across threads of this one. Its file stays open for the
+    process's life (a model process's, or a test's)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -67,12 +68,6 @@ class BlsExclusion:
                 yield
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
 
 
 def exclusion_path(server_pid: int | None = None, folder: Path | None = None) -> Path:
