@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.policy.api_keys import AUTHORIZATION, FRONT_KEY
-from backend.serving.bls_exclusion import remove_exclusion
 from ensembles.render import REPO_ROOT
 
 
@@ -239,16 +238,14 @@ class TritonServer:
                 if m["name"] in models and m.get("state") == "UNAVAILABLE"}
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        if self.proc is None:
+        if self.proc is None or self.proc.poll() is not None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # tritonserver drains in-flight requests, then unloads models
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        remove_exclusion(self.proc.pid)
+        self.proc.send_signal(signal.SIGINT)  # tritonserver drains in-flight requests, then unloads models
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
     def __enter__(self) -> "TritonServer":
         return self.start()

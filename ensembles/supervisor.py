@@ -26,7 +26,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from backend.serving.bls_exclusion import remove_exclusion
 from backend.serving.lifecycle import CONTROL_DIR_ENV, ControlDir, ServerPhase
 from ensembles.health import HealthServer, triton_ready
 from ensembles.server import ServerOptions, TritonInstall, find_tritonserver, launch, server_env
@@ -254,7 +253,6 @@ class Supervisor:
         except ProcessLookupError:
             pass
         self.proc.wait()
-        remove_exclusion(self.proc.pid)
         if self.watch is not None:
             self.watch.remove_shm_regions()
         self.proc, self.watch = None, None

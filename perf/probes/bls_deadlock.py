@@ -1,16 +1,16 @@
-"""Provoke the Python backend's BLS lock-order deadlock (backend/serving/bls_exclusion.py) through the canary router:
-16 streams of short streamed requests, a canary started and promoted or rolled back every cycle, optionally with
-busy processes taking the cores (the deadlock needs a stream's reader to wait for the GIL, which contention makes
-likely). A cycle whose requests stop being served for `--stall-s` is a hang: the probe says so and exits 3.
+"""Provoke the Python backend's BLS lock-order deadlock (docs/canary.md, "Limits") through the canary router: 16
+streams of short streamed requests, a canary started and promoted or rolled back every cycle, optionally with busy
+processes taking the cores (the deadlock needs a stream's reader to wait for the GIL, which contention makes likely).
+A cycle whose requests stop being served for `--stall-s` is a hang: the probe kills the server, says so, exits 3.
 
     .venv/bin/python perf/probes/bls_deadlock.py --cycles 30 --hogs 2
 
-Main at 43812f3 (before the exclusion): three runs hung at cycles 3, 4 and 7; with it, 40 cycles and no hang
-(2026-11-26, 2 busy processes; docs/canary.md, "Limits").
+On main at 43812f3 (2026-11-26, 2 busy processes): three runs hung at cycles 3, 4 and 7.
 """
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,9 +18,50 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from backend.formats.versions import install_version  # noqa: E402
 from ensembles import artifacts  # noqa: E402
-from tests.integration import test_canary as canary_test  # noqa: E402  (its cycle under its Load of 16 streams)
+from ensembles.canary import CanaryController, ControlOptions  # noqa: E402
+from ensembles.canary_render import render_canary  # noqa: E402
+from ensembles.render import RepoSpec  # noqa: E402
+from ensembles.server import ServerOptions, TritonServer, free_ports  # noqa: E402
+from tests.integration import test_canary as canary_test  # noqa: E402  (its Load: 16 streams, counted per version)
 from tests.integration.stub_deaths import StubDeaths  # noqa: E402
+
+
+def _serve(root: Path) -> tuple[TritonServer, CanaryController]:
+    """test_canary's repository and server: the demo checkpoint as versions 1, 2 and 3, explicit model control."""
+    demo = artifacts.demo()
+    spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=16,
+                    max_input_len=256, max_seq_len=2048, max_num_tokens=512, max_tokens_in_paged_kv_cache=16384)
+    repo = render_canary(spec, root / "model_repository")
+    for version in (2, 3):
+        install_version(repo, demo.engine_dir, version=version, meta={"note": "probe"})
+    srv = TritonServer(ServerOptions(repo, *free_ports(3), model_control_mode="explicit",
+                                     admin_key=canary_test.ADMIN_KEY), log_path=root / "tritonserver.log")
+    srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
+    return srv, CanaryController(ControlOptions(srv.http_url, repo, admin_key=canary_test.ADMIN_KEY, drain_s=0.5))
+
+
+def _cycle(srv: TritonServer, control: CanaryController, deaths: StubDeaths, cycle: int,
+           stall_s: float) -> str | None:
+    """A canary started under load, then promoted (odd cycles) or rolled back; an error line, or None."""
+    stable = control.table().stable
+    canary = 3 if stable != 3 else 2
+    survivor = canary if cycle % 2 else stable
+    with canary_test.Load(srv.grpc_url, deaths) as load:
+        try:
+            control.start(version=canary, weight=50)
+            canary_test._wait_for_requests(load, canary, 20, timeout_s=stall_s)
+            (control.promote if cycle % 2 else control.rollback)()
+            canary_test._wait_for_requests(load, survivor, 40, timeout_s=stall_s)
+        except TimeoutError as exc:
+            srv.stop(timeout_s=0)  # its process group killed: the hung streams would hold the Load's threads
+            return f"hung: {exc}; served per version {dict(load.done)}"
+    if load.failures:
+        return f"failed requests: {load.failures[:3]}"
+    print(f"{time.strftime('%H:%M:%S')} cycle {cycle} ({'promote' if cycle % 2 else 'rollback'}): served per "
+          f"version {dict(load.done)}", flush=True)
+    return None
 
 
 def main() -> int:
@@ -30,12 +71,12 @@ def main() -> int:
     parser.add_argument("--stall-s", type=float, default=60.0, help="no progress this long: a hang")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bls-deadlock-"))
-    srv, control = canary_test.start_canary_server(artifacts.demo(), root)
+    srv, control = _serve(root)
     deaths = StubDeaths(srv.proc.pid)
-    hogs = canary_test.busy_processes(args.hogs)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     try:
         for cycle in range(args.cycles):
-            error = canary_test.canary_cycle(srv, control, deaths, cycle, args.stall_s)
+            error = _cycle(srv, control, deaths, cycle, args.stall_s)
             if error:
                 print(f"{time.strftime('%H:%M:%S')} cycle {cycle}: {error} (server log: {root}/tritonserver.log)",
                       flush=True)

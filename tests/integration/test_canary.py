@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import collections
 import queue
-import subprocess
-import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,8 +38,9 @@ STREAMS = 16
 ADMIN_KEY = "canary-test-admin-key"  # the server restricts model control, as `python -m ensembles serve` does
 
 
-def start_canary_server(demo, root: Path) -> tuple[TritonServer, CanaryController]:
-    """A canary repository of `demo` under root (versions 2 and 3 installed), served with explicit model control."""
+@pytest.fixture(scope="module")
+def canary(demo, tmp_path_factory):
+    root = tmp_path_factory.mktemp("canary")
     # max_seq_len 2048 and a KV cache for 8 of them at once: the cancellation test's long generations.
     spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=16,
                     max_input_len=256, max_seq_len=2048, max_num_tokens=512, max_tokens_in_paged_kv_cache=16384)
@@ -52,13 +50,7 @@ def start_canary_server(demo, root: Path) -> tuple[TritonServer, CanaryControlle
     srv = TritonServer(ServerOptions(repo, *_free_ports(3), model_control_mode="explicit", admin_key=ADMIN_KEY),
                        log_path=root / "tritonserver.log")
     srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
-    return srv, CanaryController(ControlOptions(srv.http_url, repo, admin_key=ADMIN_KEY, drain_s=0.5))
-
-
-@pytest.fixture(scope="module")
-def canary(demo, tmp_path_factory):
-    root = tmp_path_factory.mktemp("canary")
-    srv, control = start_canary_server(demo, root)
+    control = CanaryController(ControlOptions(srv.http_url, repo, admin_key=ADMIN_KEY, drain_s=0.5))
     deaths = StubDeaths(srv.proc.pid)  # a model process that dies fails the test at once, naming it (no hang)
     yield srv, control, deaths
     deaths.close()
@@ -313,53 +305,6 @@ def test_rollback_under_load_fails_no_request(canary):
     assert _served(srv.grpc_url, deaths, 32) == {2: 32}
     error = _pin_error(srv, deaths, pin_version=np.array([[3]], dtype=np.int32))
     assert "model_version 3 is not served" in error.message()
-
-
-BUSY_CYCLES = 8
-
-
-def test_canary_cycles_beside_busy_processes_never_hang(canary):
-    """Triton 2.51's Python backend deadlock in multi-threaded BLS streaming (backend/serving/bls_exclusion.py),
-    under what provoked it: canary start + promote / rollback cycles under 16 streams while two busy processes take
-    the cores. Before the exclusion, such a cycle hung the router one time in six (perf/probes/bls_deadlock.py: 3 of
-    17 cycles, three runs; with it, 40 cycles and none): 8 cycles here would have hung about three times in four."""
-    srv, control, deaths = canary
-    hogs = busy_processes(2)
-    try:
-        for cycle in range(BUSY_CYCLES):
-            error = canary_cycle(srv, control, deaths, cycle, stall_s=60.0)
-            assert error is None, f"cycle {cycle}: {error}"
-    finally:
-        for hog in hogs:
-            hog.kill()
-    assert _served(srv.grpc_url, deaths, 32).total() == 32
-
-
-def busy_processes(count: int) -> list[subprocess.Popen]:
-    """`count` processes spinning on a core each (the caller kills them)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-
-
-def canary_cycle(srv, control: CanaryController, deaths: StubDeaths, cycle: int, stall_s: float) -> str | None:
-    """Start a canary beside the stable version under Load, then promote it (odd cycles) or roll it back; an error
-    line (the server killed when requests stopped being served for stall_s: its hung streams would hold the Load's
-    threads for good), or None."""
-    stable = control.table().stable
-    canary = 3 if stable != 3 else 2
-    survivor = canary if cycle % 2 else stable
-    with Load(srv.grpc_url, deaths) as load:
-        try:
-            control.start(version=canary, weight=50)
-            _wait_for_requests(load, canary, 20, timeout_s=stall_s)
-            (control.promote if cycle % 2 else control.rollback)()
-            _wait_for_requests(load, survivor, 40, timeout_s=stall_s)
-        except TimeoutError as exc:
-            srv.stop(timeout_s=0)  # its process group killed: the deadlocked model process would not exit
-            return f"hung: {exc}; served per version {dict(load.done)}"
-    if load.failures:
-        return f"failed requests: {load.failures[:3]}"
-    print(f"cycle {cycle} ({'promote' if cycle % 2 else 'rollback'}): served per version {dict(load.done)}")
-    return None
 
 
 def _wait_for_requests(load: Load, version: int, more: int, timeout_s: float = 120.0) -> None:

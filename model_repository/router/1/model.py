@@ -23,7 +23,6 @@ from backend.policy.canary_router import (
     routing_key,
 )
 from backend.serving.bls_calls import call_gate
-from backend.serving.bls_exclusion import ACK_PARAMETER, Reply, held, server_exclusion, wants_ack
 from backend.serving.parameters import ModelParameters, RouterConfig
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
@@ -63,8 +62,6 @@ class TritonPythonModel:
         # may wait at once: backend/serving/bls_calls.py.
         self.ipc = threading.Lock()
         self.calls = call_gate(params)
-        # Decoupled exec() calls under the server's BLS exclusion: backend/serving/bls_exclusion.py.
-        self.exclusion = server_exclusion() if self.decoupled else None
         self.threads = set()
         self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
         self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/serving/router_metrics.py)
@@ -80,18 +77,12 @@ class TritonPythonModel:
         return None
 
     def _serve(self, sender, arrays, params):
-        # Each send under self.ipc; a BLS caller's request (tensorrt_llm_bls) is acknowledged at once, then sent to
-        # under the server's BLS exclusion too (backend/serving/bls_exclusion.py).
-        reply = Reply(sender, self.ipc)
-        if self.exclusion is not None and wants_ack(params):
-            reply.send(pb_utils.InferenceResponse([]), flags=0)
-            reply = Reply(sender, self.ipc, self.exclusion)
         try:
-            self._route(reply, arrays, params)
+            self._route(sender, arrays, params)
         except RoutingError as exc:
-            reply.send(_error(str(exc), pb_utils.TritonError.INVALID_ARG), flags=_FINAL)
+            self._send(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
         except Exception as exc:  # never leave a client without its final response
-            reply.send(_error(f"router: {exc}"), flags=_FINAL)
+            self._send(sender, _error(f"router: {exc}"))
         finally:
             with self.lock:
                 self.threads.discard(threading.current_thread())
@@ -135,14 +126,12 @@ class TritonPythonModel:
     def _stream(self, inputs, version, fwd, sender, timing, params):
         """The forwarding itself (backend/serving/router_forwarding.py decides what each response becomes). The
         request's parameters go along: the credentials and tenant tensorrt_llm decides the tenant from."""
-        if self.decoupled:  # its first response at once: the exclusion is held until then
-            params = {**params, ACK_PARAMETER: True}
         llm_request = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
                                                 requested_output_names=self.llm_outputs, parameters=params)
         served = np.full((1, 1), version, dtype=np.int32)
         responses = None
         try:
-            with self.calls.enter(), held(self.exclusion):  # not under self.ipc (initialize says why)
+            with self.calls.enter():  # not under self.ipc (initialize says why)
                 responses = llm_request.exec(decoupled=self.decoupled)
             for response in (responses if self.decoupled else [responses]):
                 if fwd.complete:
@@ -150,7 +139,7 @@ class TritonPythonModel:
                 if response.has_error():
                     outcome = fwd.on_error(lambda: self._gone(version))
                     if outcome is Outcome.ERROR:
-                        sender.send(response, flags=_FINAL)
+                        self._send(sender, response)
                     return outcome
                 # Copies: the BLS response's memory goes with it, the forwarded response must outlive it.
                 arrays = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
@@ -161,9 +150,9 @@ class TritonPythonModel:
                     timing.on_tokens(int(arrays["sequence_length"].reshape(-1)[0]), time.monotonic())
                 self.keys.note(arrays, version)
                 tensors = [pb_utils.Tensor(name, value) for name, value in arrays.items()]
-                # The tensors held through the send (backend/serving/pb_release.py).
-                send_tensors(pb_utils, sender, tensors + [pb_utils.Tensor("served_version", served)],
-                             _FINAL if final else 0)
+                with self.ipc:  # the tensors held through the send (backend/serving/pb_release.py)
+                    send_tensors(pb_utils, sender, tensors + [pb_utils.Tensor("served_version", served)],
+                                 _FINAL if final else 0)
         except pb_utils.TritonModelException:
             if fwd.on_error(lambda: self._gone(version)) is Outcome.GONE:
                 return Outcome.GONE
@@ -171,7 +160,7 @@ class TritonPythonModel:
         finally:
             self._hold(responses)
         if fwd.needs_final():
-            sender.send(None if self.decoupled else pb_utils.InferenceResponse([]), flags=_FINAL)
+            self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
         return Outcome.OK
 
     def _stop(self, key, inputs, sender):
@@ -182,8 +171,7 @@ class TritonPythonModel:
                                              requested_output_names=[])
             responses = None
             try:
-                with held(self.exclusion):
-                    responses = stop.exec(decoupled=self.decoupled)
+                responses = stop.exec(decoupled=self.decoupled)
                 for response in (responses if self.decoupled else [responses]):
                     if response.has_error():
                         pb_utils.Logger.log_warn(f"router: stop on version {version}: {response.error().message()}")
@@ -191,7 +179,7 @@ class TritonPythonModel:
                 pb_utils.Logger.log_warn(f"router: stop on version {version}: {exc}")
             finally:
                 self._hold(responses)
-        sender.send(None if self.decoupled else pb_utils.InferenceResponse([]), flags=_FINAL)
+        self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
 
     def _hold(self, responses):
         """A decoupled call's response iterator is let go of later, never here (backend/serving/pb_release.py)."""
@@ -201,6 +189,10 @@ class TritonPythonModel:
     def _gone(self, version):
         with self.ipc:
             return not pb_utils.is_model_ready(self.llm, str(version))
+
+    def _send(self, sender, response, flags=_FINAL):
+        with self.ipc:
+            sender.send(response, flags=flags)
 
     def finalize(self):
         with self.lock:

@@ -23,7 +23,6 @@ from backend.policy.admission import AdmissionController, Lease, RowCost
 from backend.policy.api_keys import AuthenticationError
 from backend.policy.request_context import request_context
 from backend.policy.tenants import load_limits
-from backend.serving.bls_exclusion import Reply, server_exclusion, wants_ack
 from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
@@ -132,8 +131,6 @@ class TritonPythonModel:
                                else NoMetrics())
         # Round trips to the Triton process (responses, metrics, is_cancelled) stay off the engine thread.
         self.sends = SendQueue()
-        # Shared with this server's BLS callers (router, tensorrt_llm_bls): backend/serving/bls_exclusion.py.
-        self.exclusion = server_exclusion() if self.decoupled else None
         # Polls run on the send thread, between sends: none can follow a request's final response.
         self.cancel_watch = CancelWatch(self.serving.cancellation_check_period_s,
                                         run=lambda poll: self.sends.submit(poll, _ignore))
@@ -187,8 +184,7 @@ class TritonPythonModel:
             return
         leases = self._admit(context, rows, sender)
         if leases:
-            ack = self.exclusion is not None and wants_ack(request.parameters())
-            self._submit(request.request_id(), sender, rows, leases, ack)
+            self._submit(request.request_id(), sender, rows, leases)
 
     def _admit(self, context, rows, sender):
         """The rows' leases, or None after refusing the request at once (never queued; docs/rate_limiting.md)."""
@@ -206,7 +202,7 @@ class TritonPythonModel:
         self.metrics.update(stats)
         self.tenant_metrics.update(self.admission.snapshot())
 
-    def _submit(self, triton_id, sender, rows, leases, ack):
+    def _submit(self, triton_id, sender, rows, leases):
         # One random 63-bit key per Triton request, returned as `request_key`: only who holds it can `stop` it.
         key = secrets.randbits(63)
         ids = [f"{key}.{i}" for i in range(len(rows))]
@@ -216,9 +212,7 @@ class TritonPythonModel:
         pad_id = rows[0].sampling.pad_id
         # A send that fails (the client went away) abandons the group: the engine loop then cancels its rows.
         watched = self.cancel_watch.watch(sender.is_cancelled)
-        # A BLS caller's request: every response after the acknowledgement under the exclusion (bls_exclusion.py).
-        reply = Reply(sender, exclusion=self.exclusion) if ack else sender
-        send = _sender_send(reply, self.sends, watched, lambda exc: group.abandon())
+        send = _sender_send(sender, self.sends, watched, lambda exc: group.abandon())
         group = ResponseGroup(len(rows), self.decoupled, send, lambda: self._forget(triton_id, key, watched),
                               pad_id=-1 if pad_id is None else pad_id)
         for engine_id, row, lease in zip(ids, rows, leases):
@@ -226,8 +220,6 @@ class TritonPythonModel:
             request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
                               priority=tenant.priority)
             self.loop.submit(request, _RowSink(group, watched, RowStream(row, key), self.metrics, lease))
-        if ack:  # the caller waits for it, holding the exclusion that this request's other sends take
-            sender.send(pb_utils.InferenceResponse([]), flags=0)
 
     def _forget(self, triton_id, key, watched):
         watched.finish()

@@ -14,7 +14,6 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 from backend.errors import InvalidRequestError
 from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_outputs, llm_inputs
 from backend.serving.bls_calls import call_gate
-from backend.serving.bls_exclusion import ACK_PARAMETER, held, server_exclusion
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.postprocess import Postprocessor
@@ -46,8 +45,6 @@ class TritonPythonModel:
         # bls_waiting_calls of them waiting at once (backend/serving/bls_calls.py).
         self.ipc = threading.Lock()
         self.calls = call_gate(params)
-        # Decoupled exec() calls under the server's BLS exclusion: backend/serving/bls_exclusion.py.
-        self.exclusion = server_exclusion() if self.decoupled else None
         self.lock = threading.Lock()
         self.threads = set()
         self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
@@ -74,11 +71,9 @@ class TritonPythonModel:
                 self.threads.discard(threading.current_thread())
 
     def _generate(self, sender, inputs, params):
-        if self.decoupled:  # its first response at once: the exclusion is held until then
-            params = {**params, ACK_PARAMETER: True}
         request = pb_utils.InferenceRequest(model_name=self.llm, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
                                             requested_output_names=self.llm_outputs, parameters=params)
-        with self.calls.enter(), held(self.exclusion):
+        with self.calls.enter():
             responses = request.exec(decoupled=self.decoupled)
         try:
             self._forward(sender, responses)
@@ -112,12 +107,8 @@ class TritonPythonModel:
         inputs = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
                   pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
                   pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
-        # Acknowledged at once where the LLM model is the canary router, which answers a stop after its own call.
-        params = {ACK_PARAMETER: True} if self.decoupled else {}
-        stop = pb_utils.InferenceRequest(model_name=self.llm, inputs=inputs, requested_output_names=[],
-                                         parameters=params)
-        with held(self.exclusion):
-            responses = stop.exec(decoupled=self.decoupled)
+        stop = pb_utils.InferenceRequest(model_name=self.llm, inputs=inputs, requested_output_names=[])
+        responses = stop.exec(decoupled=self.decoupled)
         for _ in (responses if self.decoupled else []):
             pass  # its flag-only final
         self._hold(responses)
