@@ -18,28 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from backend.formats.versions import install_version  # noqa: E402
 from ensembles import artifacts  # noqa: E402
-from ensembles.canary import CanaryController, ControlOptions  # noqa: E402
-from ensembles.canary_render import render_canary  # noqa: E402
-from ensembles.render import RepoSpec  # noqa: E402
-from ensembles.server import ServerOptions, TritonServer, free_ports  # noqa: E402
-from tests.integration import test_canary as canary_test  # noqa: E402  (its Load: 16 streams, counted per version)
+from ensembles.canary import CanaryController  # noqa: E402
+from ensembles.server import TritonServer  # noqa: E402
+from tests.integration import test_canary as canary_test  # noqa: E402  (its server, and its Load of 16 streams)
 from tests.integration.stub_deaths import StubDeaths  # noqa: E402
-
-
-def _serve(root: Path) -> tuple[TritonServer, CanaryController]:
-    """test_canary's repository and server: the demo checkpoint as versions 1, 2 and 3, explicit model control."""
-    demo = artifacts.demo()
-    spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=16,
-                    max_input_len=256, max_seq_len=2048, max_num_tokens=512, max_tokens_in_paged_kv_cache=16384)
-    repo = render_canary(spec, root / "model_repository")
-    for version in (2, 3):
-        install_version(repo, demo.engine_dir, version=version, meta={"note": "probe"})
-    srv = TritonServer(ServerOptions(repo, *free_ports(3), model_control_mode="explicit",
-                                     admin_key=canary_test.ADMIN_KEY), log_path=root / "tritonserver.log")
-    srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
-    return srv, CanaryController(ControlOptions(srv.http_url, repo, admin_key=canary_test.ADMIN_KEY, drain_s=0.5))
 
 
 def _cycle(srv: TritonServer, control: CanaryController, deaths: StubDeaths, cycle: int,
@@ -71,7 +54,7 @@ def main() -> int:
     parser.add_argument("--stall-s", type=float, default=60.0, help="no progress this long: a hang")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bls-deadlock-"))
-    srv, control = _serve(root)
+    srv, control = canary_test.start_canary_server(artifacts.demo(), root)
     deaths = StubDeaths(srv.proc.pid)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     try:

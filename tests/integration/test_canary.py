@@ -11,6 +11,7 @@ import queue
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,9 +39,9 @@ STREAMS = 16
 ADMIN_KEY = "canary-test-admin-key"  # the server restricts model control, as `python -m ensembles serve` does
 
 
-@pytest.fixture(scope="module")
-def canary(demo, tmp_path_factory):
-    root = tmp_path_factory.mktemp("canary")
+def start_canary_server(demo, root: Path) -> tuple[TritonServer, CanaryController]:
+    """A canary repository of `demo` under root (versions 2 and 3 installed as new builds), served with explicit
+    model control (also perf/probes/bls_deadlock.py's server)."""
     # max_seq_len 2048 and a KV cache for 8 of them at once: the cancellation test's long generations.
     spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=16,
                     max_input_len=256, max_seq_len=2048, max_num_tokens=512, max_tokens_in_paged_kv_cache=16384)
@@ -50,7 +51,13 @@ def canary(demo, tmp_path_factory):
     srv = TritonServer(ServerOptions(repo, *_free_ports(3), model_control_mode="explicit", admin_key=ADMIN_KEY),
                        log_path=root / "tritonserver.log")
     srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm"))
-    control = CanaryController(ControlOptions(srv.http_url, repo, admin_key=ADMIN_KEY, drain_s=0.5))
+    return srv, CanaryController(ControlOptions(srv.http_url, repo, admin_key=ADMIN_KEY, drain_s=0.5))
+
+
+@pytest.fixture(scope="module")
+def canary(demo, tmp_path_factory):
+    root = tmp_path_factory.mktemp("canary")
+    srv, control = start_canary_server(demo, root)
     deaths = StubDeaths(srv.proc.pid)  # a model process that dies fails the test at once, naming it (no hang)
     yield srv, control, deaths
     deaths.close()
