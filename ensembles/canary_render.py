@@ -7,8 +7,9 @@ tensorrt_llm model's inputs and outputs (derived here from its rendered config, 
     output  served_version (INT32 [1])         the version that served the response
 The ensemble gains those inputs and the `served_version` output (additive: the anchor's contract is unchanged).
 tensorrt_llm gets an explicit version_policy (only version 1 at start; `python -m ensembles canary` loads more),
-postprocessing sends its `stop` to the router, tensorrt_llm_bls calls the router, and `router/routing.json` starts
-at {1: 100}. The router is decoupled as tensorrt_llm is (decoupled_mode).
+tensorrt_llm_bls calls the router, postprocessing and tensorrt_llm_bls send a cancelled stream's `stop` straight to
+the version that served it, and `router/routing.json` starts at {1: 100}. The router is decoupled as tensorrt_llm
+is (decoupled_mode), with router_instance_count instances (each forwards one request at a time).
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import shutil
 from pathlib import Path
 
 from backend.policy.canary_router import RoutingTable
-from backend.serving.bls_calls import DEFAULT_WAITING_CALLS
 from ensembles.render import ENSEMBLE_MODELS, TEMPLATES, RepoSpec, default_python_paths, env_module, render
 
 ROUTER = "router"
@@ -42,9 +42,9 @@ def _block(config: str, section: str) -> str:
 
 
 def router_config(llm_config: str, routing: Path, max_batch_size: int, decoupled: bool = True,
-                  waiting_calls: int = DEFAULT_WAITING_CALLS) -> str:
+                  instances: int = 16) -> str:
     """The router's config.pbtxt: the LLM's inputs (without reshape: tensors are forwarded as received) and outputs;
-    decoupled as the LLM model is."""
+    decoupled as the LLM model is; `instances` instances, each forwarding one request at a time."""
     inputs = _RESHAPE.sub("", _block(llm_config, "input"))
     return "\n".join([
         "# Canary router (rendered by ensembles/canary_render.py from tensorrt_llm's config; do not edit).",
@@ -52,10 +52,9 @@ def router_config(llm_config: str, routing: Path, max_batch_size: int, decoupled
         f"model_transaction_policy {{ decoupled: {'true' if decoupled else 'false'} }}",
         "input [", _ENSEMBLE_INPUTS + inputs, "]",
         "output [", _VERSION_OUTPUT + _block(llm_config, "output"), "]",
-        "instance_group [ { count: 1 kind: KIND_CPU } ]",
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]",
         'parameters { key: "llm_model" value: { string_value: "tensorrt_llm" } }',
-        f'parameters {{ key: "routing_file" value: {{ string_value: "{routing}" }} }}',
-        f'parameters {{ key: "bls_waiting_calls" value: {{ string_value: "{waiting_calls}" }} }}', "",
+        f'parameters {{ key: "routing_file" value: {{ string_value: "{routing}" }} }}', "",
     ])
 
 
@@ -112,7 +111,7 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     (router_dir / "tritonllm_env.py").write_text(env_module(spec.python_paths or default_python_paths()))
     routing = routing_file(repo)
     (router_dir / "config.pbtxt").write_text(router_config(llm_config, routing.resolve(), spec.triton_max_batch_size,
-                                                           spec.decoupled_mode, spec.bls_waiting_calls))
+                                                           spec.decoupled_mode, spec.router_instance_count))
     RoutingTable({1: 100}, stable=1).write(routing)
     ensemble = repo / "ensemble" / "config.pbtxt"
     ensemble.write_text(route_ensemble(ensemble.read_text()))
@@ -121,9 +120,9 @@ def render_canary(spec: RepoSpec, out_dir: Path) -> Path:
     # metric API: the engine publishes none, the router publishes per-version figures (backend/serving/router_metrics.py).
     _append(repo / "tensorrt_llm" / "config.pbtxt",
             'parameters { key: "publish_engine_metrics" value: { string_value: "false" } }')
-    _append(repo / "postprocessing" / "config.pbtxt",
-            'parameters { key: "stop_model" value: { string_value: "router" } }')
-    bls = repo / "tensorrt_llm_bls" / "config.pbtxt"  # the BLS model's LLM calls go through the router too
+    # postprocessing and tensorrt_llm_bls send a cancelled stream's `stop` to tensorrt_llm, to the version the router
+    # says served it (served_version): not through the router, whose instances may all be forwarding streams.
+    bls = repo / "tensorrt_llm_bls" / "config.pbtxt"  # the BLS model's LLM calls go through the router
     bls.write_text(_replace_once(bls.read_text(), '"tensorrt_llm_model_name" value: { string_value: "tensorrt_llm" }',
                                  f'"tensorrt_llm_model_name" value: {{ string_value: "{ROUTER}" }}', "BLS LLM name"))
     return repo

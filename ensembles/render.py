@@ -9,7 +9,6 @@ from pathlib import Path
 
 from backend.engine.config import engine_default
 from backend.policy.tenants import load_limits
-from backend.serving.bls_calls import DEFAULT_WAITING_CALLS
 from backend.serving.cpu_placement import CpuSplit, format_cpu_list, split_cpus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -57,15 +56,18 @@ class RepoSpec:
     limits_file: Path | None = None
     tenant_header: str = "x-tenant-id"
     max_prompt_bytes: int = 262144  # text_input over this is refused (INVALID_ARG) before tokenizing
-    # BLS calls of tensorrt_llm_bls (and the canary router) waiting for the LLM model at once (backend/serving/bls_calls.py)
-    bls_waiting_calls: int = DEFAULT_WAITING_CALLS
+    # Instances of tensorrt_llm_bls and of the canary router: each serves one request at a time to its final
+    # response (their model.py says why), so these are how many requests each serves at once (the others queue).
+    # Each instance is a process (tensorrt_llm_bls's loads the tokenizer: about 250 MB; the router's about 50 MB).
+    bls_instance_count: int = 4
+    router_instance_count: int = 16
     # Folders the Python backend's interpreter must see (the project, its virtualenv's site-packages).
     python_paths: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         for name in ("triton_max_batch_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                      "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms", "max_prompt_bytes",
-                     "bls_waiting_calls"):
+                     "bls_instance_count", "router_instance_count"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):

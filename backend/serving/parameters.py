@@ -150,7 +150,7 @@ class PreprocessingConfig:
 @dataclass(frozen=True)
 class PostprocessingConfig:
     tokenizer_dir: Path
-    stop_model: str = "tensorrt_llm"  # where `stop` goes: the LLM model, or the canary router before its versions
+    stop_model: str = "tensorrt_llm"  # where `stop` goes: the LLM model (its version given by SERVED_VERSION)
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "PostprocessingConfig":

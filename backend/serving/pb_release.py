@@ -3,8 +3,8 @@ doing so: on a thread without the GIL, or after the model process's stub has bee
 
 python_backend r24.10 (src/pb_tensor.cc, src/response_sender.cc, src/pb_stub.cc, src/pb_response_iterator.cc)
 frees an output tensor's numpy array wherever the tensor's last C++ owner goes, GIL or not; fixed upstream after
-24.10 (python_backend #390: the tensor's destructor takes the GIL). Two such places reach our multi-threaded models
-(router, tensorrt_llm_bls, tensorrt_llm), whose other threads run Python meanwhile:
+24.10 (python_backend #390: the tensor's destructor takes the GIL). Two such places reach our models
+(router, tensorrt_llm_bls, tensorrt_llm), whose threads run Python meanwhile:
 
 - a response sender's send() drops, without the GIL, the tensors the receiver did not ask for. `send_tensors`
   keeps the model's own references to every tensor until send() has returned, so the drop frees nothing;

@@ -5,13 +5,11 @@ forwards that version's responses. What it must get right, decided here and unit
 - how many final responses the client is owed (one per returned sequence: `finals`), so the response that
   completes the last one carries Triton's FINAL flag, and an empty final is sent if the version ends early;
 - when a failure means "the version went away before we sent anything" (unloaded between the routing choice
-  and the call, during a promotion): then the request is routed again instead of failing;
-- which version serves each request_key while its stream runs, so a `stop` goes to that version only.
+  and the call, during a promotion): then the request is routed again instead of failing.
 """
 from __future__ import annotations
 
 import enum
-import threading
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -66,29 +64,3 @@ class Forwarding:
     def needs_final(self) -> bool:
         """After the version's responses ended: whether the client still needs an (empty) final response."""
         return not self.complete
-
-
-class KeyTracker:
-    """request_key -> the version serving it, while its stream runs (thread-safe: one thread per request)."""
-
-    def __init__(self) -> None:
-        self._versions: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def note(self, arrays: Mapping[str, np.ndarray], version: int) -> None:
-        """Record a forwarded response: its key is served by version until its final response."""
-        key = arrays.get("request_key")
-        if key is None:
-            return
-        key = int(key.reshape(-1)[0])
-        with self._lock:
-            if is_final(arrays):
-                self._versions.pop(key, None)
-            else:
-                self._versions[key] = version
-
-    def version_of(self, key: np.ndarray | None) -> int | None:
-        if key is None:
-            return None
-        with self._lock:
-            return self._versions.get(int(key.reshape(-1)[0]))

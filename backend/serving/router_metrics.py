@@ -12,7 +12,7 @@ the figures a canary is judged by come from the router, which sees every respons
   request, the mean time between its tokens after the first response.
 
 pb_utils is passed in (it exists only inside the stub); StreamTiming is plain Python, unit-tested anywhere.
-Callers serialise the metric calls (the router holds its IPC lock around them).
+Callers serialise the metric calls (the router calls them from its one thread per instance).
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import queue
+import subprocess
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -327,3 +329,38 @@ def _wait_for_requests(load: Load, version: int, more: int, timeout_s: float = 1
                 return
         time.sleep(0.05)
     raise TimeoutError(f"version {version} served {load.done[version]} < {target} requests")
+
+
+def canary_cycle(srv, control, deaths: StubDeaths, cycle: int, stall_s: float = 60.0) -> str | None:
+    """A canary started under load, then promoted (odd cycles) or rolled back; an error line, or None.
+    A hang (requests not served for stall_s) kills the server: its hung streams would hold the load's threads."""
+    stable = control.table().stable
+    canary = 3 if stable != 3 else 2
+    survivor = canary if cycle % 2 else stable
+    with Load(srv.grpc_url, deaths) as load:
+        try:
+            control.start(version=canary, weight=50)
+            _wait_for_requests(load, canary, 20, timeout_s=stall_s)
+            (control.promote if cycle % 2 else control.rollback)()
+            _wait_for_requests(load, survivor, 40, timeout_s=stall_s)
+        except TimeoutError as exc:
+            srv.stop(timeout_s=0)
+            return f"hung: {exc}; served per version {dict(load.done)}"
+    if load.failures:
+        return f"failed requests: {load.failures[:3]}"
+    return None
+
+
+def test_canary_cycles_with_busy_cores_never_hang(canary):
+    """The router streams BLS calls; from several threads of one process that deadlocked in Triton 2.51's Python
+    backend (docs/canary.md, "Limits"), in 3 of 17 such cycles of perf/probes/bls_deadlock.py with two busy processes
+    beside the server. The last test of the module: a hang stops its server."""
+    srv, control, deaths = canary
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for cycle in range(8):
+            error = canary_cycle(srv, control, deaths, cycle)
+            assert error is None, f"cycle {cycle}: {error}"
+    finally:
+        for hog in hogs:
+            hog.kill()

@@ -5,7 +5,10 @@ A decoupled BLS exec() returns at the called model's first response, a unary one
 router and tensorrt_llm_bls made those calls under the lock that serializes their response sends, one request
 waiting for a slot in a full engine stopped every other stream's tokens and the `stop` of a cancelled stream that
 would have freed the slot (the waiting request then got a slot only when some stream ran to its end), and in unary
-mode one long generation held back every request sent after it.
+mode one long generation held back every request sent after it. Both now serve one request at a time per instance
+(a BLS stream from several threads of one process can deadlock it: docs/canary.md, "Limits"): the waiting requests
+hold instances or wait in Triton's queue, and the cancelled stream's `stop` goes straight to the tensorrt_llm version
+that served it, never queued behind them.
 
 Own servers: the canary repository with an engine of two slots (max_batch_size 2), decoupled and unary. The long
 generations ask for min_tokens = max_tokens, so no model the recipe trains ends them early with its end token.

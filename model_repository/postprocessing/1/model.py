@@ -34,7 +34,7 @@ class TritonPythonModel:
         self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
         # is_cancelled() per streamed token was one IPC round trip per token: ask at most every 0.1 s per stream.
         self.polls = CancelPolls(period_s=0.1)
-        # Where `stop` goes: the LLM model, or the canary router in front of its versions (ensembles/canary_render.py).
+        # Where `stop` goes: the LLM model (the version named by SERVED_VERSION in a canary repository).
         self.stop_model = config.stop_model
 
     def execute(self, requests):
@@ -48,7 +48,7 @@ class TritonPythonModel:
             if final is None or bool(final.reshape(-1)[0]):
                 self.polls.forget(key_id)
             elif self.polls.due(key_id) and request.is_cancelled():  # an IPC round trip
-                self._stop_engine_request(key)
+                self._stop_engine_request(key, given.get("SERVED_VERSION"))
         return [self._respond(given) for given in inputs]
 
     def _respond(self, given):
@@ -57,9 +57,11 @@ class TritonPythonModel:
         except InvalidRequestError as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
 
-    def _stop_engine_request(self, key):
+    def _stop_engine_request(self, key, served_version=None):
         """Triton marks only the ensemble's new composing requests cancelled, not tensorrt_llm's in-flight one: the
-        first cancelled response of a stream tells it to stop (the anchor's `stop`, by request_key)."""
+        first cancelled response of a stream tells it to stop (the anchor's `stop`, by request_key). In a canary
+        repository the stop goes to the tensorrt_llm version that served the stream (the router's served_version),
+        not through the router, whose instances may all be busy forwarding streams."""
         if key is None or int(key.reshape(-1)[0]) in self.stopped:
             return
         self.stopped.append(int(key.reshape(-1)[0]))
@@ -67,7 +69,9 @@ class TritonPythonModel:
         inputs = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
                   pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
                   pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
-        stop = pb_utils.InferenceRequest(model_name=self.stop_model, inputs=inputs, requested_output_names=[])
+        version = -1 if served_version is None else int(served_version.reshape(-1)[0])
+        stop = pb_utils.InferenceRequest(model_name=self.stop_model, inputs=inputs, requested_output_names=[],
+                                         model_version=version)
         for response in stop.exec(decoupled=True):
             if response.has_error():
                 pb_utils.Logger.log_warn(f"stopping a cancelled request failed: {response.error().message()}")

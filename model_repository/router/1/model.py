@@ -1,12 +1,15 @@
 """Triton adapter for the canary router: picks a version of the LLM model per request (backend.policy.canary_router) and
 streams that version's responses back unchanged, plus `served_version` (the version that served it).
 
-Decoupled BLS: each request is forwarded from its own thread, so a long stream never blocks the others.
-A `stop` request (postprocessing stopping a cancelled request by request_key) goes to the version that serves
-that key, or to every served version when the key is unknown here.
+One request at a time per instance, on the thread Triton calls execute() on: a stream holds its instance until its
+final response, and the router's instance_group count (router_instance_count) is how many requests it forwards at
+once; the others wait in Triton's queue. Never an exec() beside a thread reading another call's responses: in
+Triton 2.51's Python backend that can deadlock the whole model process (docs/canary.md, "Limits").
+A `stop` request goes to every served version (the one serving its request_key answers it; no instance knows which,
+each forwarding one request at a time). Postprocessing and tensorrt_llm_bls send theirs straight to the version that served the stream
+(ensembles/canary_render.py), never queued behind the streams this model forwards.
 """
 import json
-import threading
 import time
 
 import numpy as np
@@ -22,11 +25,10 @@ from backend.policy.canary_router import (
     pinned_version,
     routing_key,
 )
-from backend.serving.bls_calls import call_gate
 from backend.serving.parameters import ModelParameters, RouterConfig
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
-from backend.serving.router_forwarding import Forwarding, KeyTracker, Outcome
+from backend.serving.router_forwarding import Forwarding, Outcome
 from backend.serving.router_metrics import RouterMetrics, StreamTiming
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -52,28 +54,13 @@ class TritonPythonModel:
         self.routing.refresh()
         if self.routing.last_error:
             raise pb_utils.TritonModelException(f"router: {self.routing.last_error}")
-        self.keys = KeyTracker()  # request_key -> the version serving it (for `stop`)
-        self.lock = threading.Lock()
-        # One response send (and metric update) at a time: sends from several threads at once crashed Triton 2.51's
-        # Python backend (segfault in libtriton_python.so, 4 streams). BLS exec() calls are made without it: a
-        # decoupled exec() returns only at the called model's first response, which a request waiting for room in a
-        # full engine delays for as long as it waits; under this lock every other stream's tokens and the `stop`s
-        # that would make that room waited behind it (tests/integration/test_waiting_requests.py). How many calls
-        # may wait at once: backend/serving/bls_calls.py.
-        self.ipc = threading.Lock()
-        self.calls = call_gate(params)
-        self.threads = set()
         self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
         self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/serving/router_metrics.py)
 
     def execute(self, requests):
-        for request in requests:
+        for request in requests:  # one by one, each to its final response (the module docstring says why)
             arrays, params = copy_request(pb_utils, request, self.input_names)
-            thread = threading.Thread(target=self._serve, args=(request.get_response_sender(), arrays, params),
-                                      daemon=True)
-            with self.lock:
-                self.threads.add(thread)
-            thread.start()
+            self._serve(request.get_response_sender(), arrays, params)
         return None
 
     def _serve(self, sender, arrays, params):
@@ -83,16 +70,13 @@ class TritonPythonModel:
             self._send(sender, _error(str(exc), pb_utils.TritonError.INVALID_ARG))
         except Exception as exc:  # never leave a client without its final response
             self._send(sender, _error(f"router: {exc}"))
-        finally:
-            with self.lock:
-                self.threads.discard(threading.current_thread())
 
     def _route(self, sender, arrays, params):
         inputs = [pb_utils.Tensor(name, arrays[name]) for name in self.input_names
                   if name in arrays and name not in _ROUTER_INPUTS]
         stop = arrays.get("stop")
         if stop is not None and bool(stop.reshape(-1)[0]):
-            return self._stop(arrays.get("request_key"), inputs, sender)
+            return self._stop(inputs, sender)
         session, pin_input = arrays.get("session_id"), arrays.get("pin_version")
         key = routing_key(params, None if session is None else session.reshape(-1)[0].decode())
         pin = pinned_version(params, None if pin_input is None else int(pin_input.reshape(-1)[0]))
@@ -110,8 +94,7 @@ class TritonPythonModel:
     def _forward(self, inputs, version, finals, sender, retry_allowed, timed, params):
         """Stream version's responses to sender; False (nothing sent) when the version is gone and a retry may help."""
         timing = StreamTiming(start=time.monotonic())
-        with self.ipc:
-            self.metrics.started(version)
+        self.metrics.started(version)
         outcome = Outcome.GONE  # not counted when retried on another version
         try:
             outcome = self._stream(inputs, version, Forwarding(finals, retry_allowed), sender, timing, params)
@@ -120,8 +103,7 @@ class TritonPythonModel:
             outcome = Outcome.ERROR
             raise
         finally:
-            with self.ipc:
-                self.metrics.finished(version, outcome, timing if timed and outcome is Outcome.OK else None)
+            self.metrics.finished(version, outcome, timing if timed and outcome is Outcome.OK else None)
 
     def _stream(self, inputs, version, fwd, sender, timing, params):
         """The forwarding itself (backend/serving/router_forwarding.py decides what each response becomes). The
@@ -131,8 +113,7 @@ class TritonPythonModel:
         served = np.full((1, 1), version, dtype=np.int32)
         responses = None
         try:
-            with self.calls.enter():  # not under self.ipc (initialize says why)
-                responses = llm_request.exec(decoupled=self.decoupled)
+            responses = llm_request.exec(decoupled=self.decoupled)
             for response in (responses if self.decoupled else [responses]):
                 if fwd.complete:
                     continue  # the version's own empty final after the last one forwarded
@@ -148,11 +129,10 @@ class TritonPythonModel:
                     continue
                 if "sequence_length" in arrays:
                     timing.on_tokens(int(arrays["sequence_length"].reshape(-1)[0]), time.monotonic())
-                self.keys.note(arrays, version)
                 tensors = [pb_utils.Tensor(name, value) for name, value in arrays.items()]
-                with self.ipc:  # the tensors held through the send (backend/serving/pb_release.py)
-                    send_tensors(pb_utils, sender, tensors + [pb_utils.Tensor("served_version", served)],
-                                 _FINAL if final else 0)
+                # the tensors held through the send (backend/serving/pb_release.py)
+                send_tensors(pb_utils, sender, tensors + [pb_utils.Tensor("served_version", served)],
+                             _FINAL if final else 0)
         except pb_utils.TritonModelException:
             if fwd.on_error(lambda: self._gone(version)) is Outcome.GONE:
                 return Outcome.GONE
@@ -163,10 +143,8 @@ class TritonPythonModel:
             self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
         return Outcome.OK
 
-    def _stop(self, key, inputs, sender):
-        known = self.keys.version_of(key)
-        versions = [known] if known is not None else self.routing.refresh().table.versions
-        for version in versions:
+    def _stop(self, inputs, sender):
+        for version in self.routing.refresh().table.versions:
             stop = pb_utils.InferenceRequest(model_name=self.llm, model_version=version, inputs=inputs,
                                              requested_output_names=[])
             responses = None
@@ -187,18 +165,11 @@ class TritonPythonModel:
             self.held.keep(responses)
 
     def _gone(self, version):
-        with self.ipc:
-            return not pb_utils.is_model_ready(self.llm, str(version))
+        return not pb_utils.is_model_ready(self.llm, str(version))
 
     def _send(self, sender, response, flags=_FINAL):
-        with self.ipc:
-            sender.send(response, flags=flags)
+        sender.send(response, flags=flags)
 
     def finalize(self):
-        with self.lock:
-            threads = list(self.threads)
-        for thread in threads:
-            thread.join(timeout=60)
-        with self.ipc:
-            self.metrics.close()
+        self.metrics.close()
         release_at_finalize(self)  # now, while the stub can still take what the releases do

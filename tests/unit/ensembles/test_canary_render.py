@@ -39,10 +39,14 @@ def test_ensemble_routes_through_router_and_reports_version(repo):
     assert 'output_map { key: "OUT_SERVED_VERSION" value: "served_version" }' in ensemble
 
 
-def test_llm_serves_version_1_and_postprocessing_stops_through_router(repo):
+def test_llm_serves_version_1_and_stops_go_past_the_router(repo):
+    """A cancelled stream's `stop` goes to tensorrt_llm (the version named by served_version), never queued behind the
+    streams the router's instances forward."""
     assert "version_policy: { specific: { versions: [ 1 ] } }" in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
-    postprocessing = (repo / "postprocessing" / "config.pbtxt").read_text()
-    assert 'key: "stop_model" value: { string_value: "router" }' in postprocessing
+    assert "stop_model" not in (repo / "postprocessing" / "config.pbtxt").read_text()  # its default: tensorrt_llm
+    bls = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    assert 'key: "tensorrt_llm_model_name" value: { string_value: "router" }' in bls
+    assert 'key: "stop_model" value: { string_value: "tensorrt_llm" }' in bls
     assert RoutingTable.from_json(routing_file(repo).read_text()) == RoutingTable({1: 100}, stable=1)
 
 
@@ -52,15 +56,15 @@ def test_changed_ensemble_template_is_a_clear_error():
         route_ensemble(text.replace('model_name: "tensorrt_llm"', 'model_name: "llm"'))
 
 
-def test_bls_waiting_calls_reaches_the_router_and_tensorrt_llm_bls(tmp_path, fake_model):
-    """Both BLS models read it (backend/serving/bls_calls.py); a limit below 1 is refused at render."""
+@pytest.mark.parametrize("field", ["bls_instance_count", "router_instance_count"])
+def test_instance_counts_reach_tensorrt_llm_bls_and_the_router(tmp_path, fake_model, field):
+    """Each instance serves one request at a time, so the count is how many are served at once; below 1 is refused."""
     engine, tokenizer = fake_model
-    setting = 'parameters { key: "bls_waiting_calls" value: { string_value: "%s" } }'
+    model = {"bls_instance_count": "tensorrt_llm_bls", "router_instance_count": "router"}[field]
     for value, folder in ((None, "default"), (40, "forty")):
-        spec = RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer,
-                        **({} if value is None else {"bls_waiting_calls": value}))
-        repo = render_canary(spec, tmp_path / folder)
-        for model in ("router", "tensorrt_llm_bls"):
-            assert setting % (value or 16) in (repo / model / "config.pbtxt").read_text(), (model, value)
-    with pytest.raises(ValueError, match="bls_waiting_calls must be > 0, got 0"):
-        RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, bls_waiting_calls=0)
+        spec = RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, **({} if value is None else {field: value}))
+        config = (render_canary(spec, tmp_path / folder) / model / "config.pbtxt").read_text()
+        expected = value or RepoSpec.__dataclass_fields__[field].default
+        assert f"instance_group [ {{ count: {expected} kind: KIND_CPU }} ]" in config, (field, value)
+    with pytest.raises(ValueError, match=f"{field} must be > 0, got 0"):
+        RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, **{field: 0})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.serving.router_forwarding import Forwarding, KeyTracker, Outcome
+from backend.serving.router_forwarding import Forwarding, Outcome
 
 
 def response(final: bool, key: int = 7, tokens: int = 1) -> dict[str, np.ndarray]:
@@ -52,13 +52,3 @@ def test_error_after_a_response_goes_to_the_client():
 def test_finals_must_be_positive():
     with pytest.raises(ValueError, match="at least one final"):
         Forwarding(0, retry_allowed=True)
-
-
-def test_key_tracker_follows_a_stream_until_its_final():
-    keys = KeyTracker()
-    keys.note(response(False, key=11), version=2)
-    assert keys.version_of(np.array([[11]], np.uint64)) == 2
-    keys.note(response(True, key=11), version=2)
-    assert keys.version_of(np.array([[11]], np.uint64)) is None
-    assert keys.version_of(None) is None
-    keys.note({"output_ids": np.zeros((1, 1, 1))}, version=3)  # no request_key: nothing to remember
