@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.serving.router_forwarding import Outcome
-from backend.serving.triton_metrics import LATENCY_BUCKETS
+from backend.serving.latency_buckets import LATENCY_BUCKETS
 
 REQUESTS = "tritonllm_router_requests_total"
 INFLIGHT = "tritonllm_router_inflight_requests"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from backend.engine.interface import RequestOutput
 from backend.engine.stats import EngineStats
+from backend.serving.latency_buckets import LATENCY_BUCKETS
 
 TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]  # the anchor's nv_llm_*_token_len buckets
-LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]  # seconds
 
 # (family, description, label key, {label value: EngineStats attribute})
 _GAUGES = [
