@@ -58,7 +58,7 @@ class RepoSpec:
     max_prompt_bytes: int = 262144  # text_input over this is refused (INVALID_ARG) before tokenizing
     # Instances of tensorrt_llm_bls and of the canary router: each serves one request at a time to its final
     # response (their model.py says why), so these are how many requests each serves at once (the others queue).
-    # Each instance is a process (tensorrt_llm_bls's loads the tokenizer: about 250 MB; the router's about 50 MB).
+    # Each instance is a process (tensorrt_llm_bls's loads the tokenizer: about 320 MB; the router's about 47 MB).
     bls_instance_count: int = 4
     router_instance_count: int = 16
     # Folders the Python backend's interpreter must see (the project, its virtualenv's site-packages).

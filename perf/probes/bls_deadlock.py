@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ensembles import artifacts  # noqa: E402
-from tests.integration import test_canary as canary_test  # noqa: E402  (its server, and its canary cycle under 16 streams)
+# test_canary's server, and its canary cycle under 16 streams
+from tests.integration import test_canary as canary_test  # noqa: E402
 from tests.integration.stub_deaths import StubDeaths  # noqa: E402
 
 

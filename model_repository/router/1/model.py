@@ -5,9 +5,9 @@ One request at a time per instance, on the thread Triton calls execute() on: a s
 final response, and the router's instance_group count (router_instance_count) is how many requests it forwards at
 once; the others wait in Triton's queue. Never an exec() beside a thread reading another call's responses: in
 Triton 2.51's Python backend that can deadlock the whole model process (docs/canary.md, "Limits").
-A `stop` request goes to every served version (the one serving its request_key answers it; no instance knows which,
-each forwarding one request at a time). Postprocessing and tensorrt_llm_bls send theirs straight to the version that served the stream
-(ensembles/canary_render.py), never queued behind the streams this model forwards.
+A `stop` request goes to every served version (the one serving its request_key answers it; no instance knows
+which, each forwarding one request at a time). Postprocessing and tensorrt_llm_bls send theirs straight to the
+version that served the stream (ensembles/canary_render.py), never queued behind the streams this model forwards.
 """
 import json
 import time
