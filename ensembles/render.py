@@ -47,6 +47,8 @@ class RepoSpec:
     preprocessing_instance_count: int = 1
     add_special_tokens: bool = False
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: CUDA when present
+    # Decode steps as CUDA graphs (the anchor's cuda_graph_mode): true, false, or auto (on CUDA, one process)
+    cuda_graph_mode: str = engine_default("cuda_graph_mode")
     engine_threads: int | None = None
     engine_adaptive_threads: bool = engine_default("adaptive_threads")  # fewer threads while cores are busy
     # CPUs of the engine's step thread, tritonserver kept off them (backend/serving/cpu_placement.py): "" none,
@@ -73,6 +75,8 @@ class RepoSpec:
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
             raise ValueError(f"batch_scheduler_policy must be guaranteed_no_evict or max_utilization, "
                              f"got {self.batch_scheduler_policy!r}")
+        if self.cuda_graph_mode.lower() not in ("true", "false", "auto"):
+            raise ValueError(f"cuda_graph_mode must be true, false or auto, got {self.cuda_graph_mode!r}")
         if self.logits_datatype not in LOGITS_DATATYPES:
             raise ValueError(f"logits_datatype must be one of {', '.join(LOGITS_DATATYPES)}, got {self.logits_datatype!r}")
         if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:

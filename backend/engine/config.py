@@ -9,6 +9,7 @@ LINEAR_KERNELS = ("auto", "torch", "onednn")  # backend/model/prepacked_linear.p
 ATTENTION_KERNELS = ("auto", "torch", "paged")  # backend/model/kernels/paged_decode.py
 DECODE_LAYERS = ("auto", "python", "native")  # backend/model/kernels/decode_layers.py
 LINEAR_DTYPES = ("auto", "checkpoint", "bfloat16")  # backend/model/prepacked_linear.py
+CUDA_GRAPH_MODES = ("auto", "on", "off")  # backend/model/cuda_graphs.py
 
 
 class SchedulerPolicy(str, Enum):
@@ -56,6 +57,9 @@ class EngineConfig:
     # (bf16 on oneDNN and a bf16 KV cache, the rest float32; CPUs with native bf16), "auto" (bfloat16 for an
     # unquantized single-process bfloat16 checkpoint where the CPU has native bf16, else checkpoint).
     linear_dtype: str = "auto"
+    # Decode steps replayed as CUDA graphs (backend/model/cuda_graphs.py; the anchor's cuda_graph_mode): "on" (CUDA,
+    # one process), "off", "auto" (on where it runs: CUDA and an unsharded checkpoint).
+    cuda_graph_mode: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -111,6 +115,10 @@ class EngineConfig:
         if self.linear_dtype == "bfloat16" and (self.linear_kernel == "torch" or not self.device.startswith("cpu")):
             raise ValueError(f"linear_dtype 'bfloat16' runs on oneDNN on CPU, not linear_kernel "
                              f"{self.linear_kernel!r} on device {self.device!r}")
+        if self.cuda_graph_mode not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph_mode must be one of {CUDA_GRAPH_MODES}, got {self.cuda_graph_mode!r}")
+        if self.cuda_graph_mode == "on" and not self.device.startswith("cuda"):
+            raise ValueError(f"cuda_graph_mode 'on' runs on CUDA only, not on device {self.device!r}")
         if self.linear_kernel != "onednn":
             return
         import torch

@@ -102,8 +102,12 @@ class LLMEngine:
         if model is None and config.decode_layers == "native":
             raise ValueError("decode_layers 'native' is not implemented for a sharded checkpoint (tensor or pipeline "
                              "parallel ranks run the Python layers): use 'auto' or 'python'")
+        if model is None and config.cuda_graph_mode == "on":
+            raise ValueError("cuda_graph_mode 'on' is not implemented for a sharded checkpoint (tensor or pipeline "
+                             "parallel ranks run eagerly): use 'auto' or 'off'")
         self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel,
-                                   config.attention_kernel, config.decode_layers, linear_dtype)
+                                   config.attention_kernel, config.decode_layers, linear_dtype,
+                                   config.cuda_graph_mode)
                        if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)

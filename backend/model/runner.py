@@ -7,6 +7,7 @@ import torch
 
 from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
+from backend.model.cuda_graphs import CaptureError, DecodeGraphs, is_decode_step, resolve_cuda_graphs
 from backend.model.decoder import AttentionMetadata
 from backend.model.kernels.causal_prefill import unsupported as causal_prefill_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers
@@ -40,26 +41,31 @@ def resolve_causal_prefill(attention_kernel: str, model: CausalLM, kv_layers: li
 
 
 class KVCache:
-    """Per layer K and V pools: (num_blocks * block_size, n_kv_heads, head_dim) each, in the model's dtype or
-    `dtype` (bf16 beside bf16 linears), FP8 pools for an FP8 KV cache (backend/model/quantized_kv.py)."""
+    """Per layer K and V pools: (num_blocks * block_size + scratch_rows, n_kv_heads, head_dim) each, in the model's
+    dtype or `dtype` (bf16 beside bf16 linears), FP8 pools for an FP8 KV cache (backend/model/quantized_kv.py).
+    Scratch rows lie past every block: the padded sequences of a CUDA graph's step write there
+    (backend/model/cuda_graphs.py)."""
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, scratch_rows: int = 0) -> None:
         cfg = model.config
-        shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_size)
+        self.scratch_slot = num_blocks * block_size  # the first scratch row, when there are any
+        shape = (num_blocks * block_size + scratch_rows, cfg.num_key_value_heads, cfg.head_size)
         self.layers = kv_pools(model.transformer.layers, shape, dtype or torch_dtype(cfg), device)
 
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
                  linear_kernel: str = "torch", attention_kernel: str = "torch", decode_layers: str = "python",
-                 linear_dtype: torch.dtype | None = None) -> None:
+                 linear_dtype: torch.dtype | None = None, cuda_graphs: str = "auto") -> None:
         """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); attention_kernel: "torch",
         "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py); decode_layers: "python", "native"
         or "auto" (backend/model/kernels/decode_layers.py); linear_dtype: the oneDNN linears' dtype where it is not
         the model's (resolve_linear_dtype), and then the KV pools' too (K/V rows are stored as the linears' outputs
         would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones
-        are kept in self.linear_kernel, self.attention_kernel and self.native_layers (None: the Python layers)."""
+        are kept in self.linear_kernel, self.attention_kernel and self.native_layers (None: the Python layers);
+        cuda_graphs: "on", "off" or "auto" (on CUDA): decode steps replay CUDA graphs (backend/model/cuda_graphs.py;
+        self.graphs, None when off)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         if linear_dtype is not None and self.linear_kernel != "onednn":
             raise ValueError(f"linears in {linear_dtype} beside {torch_dtype(model.config)} activations run on oneDNN "
@@ -67,17 +73,36 @@ class ModelRunner:
         self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
         self.model = prepack_linears(model, linear_dtype) if self.linear_kernel == "onednn" else model
         self.device = device
-        self.kv = KVCache(model, num_blocks, block_size, device, linear_dtype)
+        graphs = resolve_cuda_graphs(cuda_graphs, device)
+        self.cuda_graph_mode = cuda_graphs
+        self.kv = KVCache(model, num_blocks, block_size, device, linear_dtype, scratch_rows=int(graphs))
         self.native_layers = resolve_decode_layers(decode_layers, self.model, self.kv.layers, self.attention_kernel)
         self.causal_prefill = resolve_causal_prefill(self.attention_kernel, model, self.kv.layers, device)
+        self.graphs = DecodeGraphs(self._step_tensors, self._forward, self.kv.scratch_slot) if graphs else None
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
-        input_ids, meta, logits_index = model_step_tensors(self.model, inputs, self.device,
-                                                           self.attention_kernel == "paged", self.causal_prefill)
+        if self.graphs is not None and is_decode_step(inputs):
+            try:
+                return self.graphs.run(inputs)
+            except CaptureError as exc:
+                if self.cuda_graph_mode == "on":
+                    raise
+                log.warning("CUDA graphs off for this engine (cuda_graph_mode auto), decode steps run eagerly: %s",
+                            exc)
+                self.graphs = None
+        input_ids, meta, logits_index = self._step_tensors(inputs)
         native = self.native_layers if meta.decode_columns is not None else None  # a decode step: one compiled call
         return self.model(input_ids, meta, self.kv.layers, logits_index, native)
+
+    def _step_tensors(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        return model_step_tensors(self.model, inputs, self.device, self.attention_kernel == "paged",
+                                  self.causal_prefill)
+
+    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, logits_index: torch.Tensor) -> torch.Tensor:
+        """The Python layers over this runner's KV pools (what a CUDA graph captures)."""
+        return self.model(input_ids, meta, self.kv.layers, logits_index)
 
     def close(self) -> None:
         """Nothing outlives an in-process runner (backend/model/parallel/driver.py's has worker processes)."""

@@ -89,7 +89,19 @@ def engine_config(p: ModelParameters) -> EngineConfig:
         device=p.text("engine_device", engine_default("device")),
         num_threads=p.integer("engine_threads", None),
         adaptive_threads=p.flag("engine_adaptive_threads", engine_default("adaptive_threads")),
+        cuda_graph_mode=cuda_graph_mode(p),
     )
+
+
+def cuda_graph_mode(p: ModelParameters) -> str:
+    """The anchor's boolean cuda_graph_mode: true "on", false "off"; unset or "auto": EngineConfig's default."""
+    value = p.text("cuda_graph_mode")
+    if value is None or value.lower() == "auto":
+        return engine_default("cuda_graph_mode")
+    try:
+        return "on" if p.flag("cuda_graph_mode", False) else "off"
+    except ValueError:
+        raise ValueError(f"parameter cuda_graph_mode must be true, false or auto, got {value!r}") from None
 
 
 @dataclass(frozen=True)

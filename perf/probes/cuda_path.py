@@ -8,10 +8,12 @@
 - quant: the tiny Llama quantized each way (weights, KV cache): runs on the GPU or is refused with a message, and
   how many greedy tokens agree with the float32 engine on the GPU.
 - speed: random-init Llamas (125M, ~1B), float32 and bfloat16, batch 1/16/64, 128 prompt + 128 new tokens, greedy:
-  ours in-process vs HF static `generate` (its default attention), output tok/s, equality with HF, peak memory.
+  ours in-process (with and without CUDA graphs, --cuda-graph-modes) vs HF static `generate` (its default
+  attention), output tok/s, equality with HF, peak memory.
 - longrope, hf_batch: where the families' or speed's tokens differ, variants that isolate why.
 - decode_profile (first of --models / --dtypes, largest of --sizes): decode-step time per attention variant and a
-  torch.profiler table of the steps.
+  torch.profiler table of the steps, CUDA graphs off (a captured graph would not see the variants).
+- graph_steps: decode-step time with CUDA graphs off and on, and a CPU profile of the steps with them on.
 
     python perf/probes/cuda_path.py --out cuda_path.jsonl [--device cuda] [--sections env families quant speed]
         [--models 125m 1b] [--sizes 1 16 64] [--rounds 2]
@@ -118,7 +120,8 @@ def one_family(log: Log, device: str, tok: Path, root: Path, name: str) -> None:
     again = [second[f"b{i}"] for i in range(len(prompts))]
     row = dict(section="families", name=name, equal=got == want, equal_second_pass=again == want,
                prefix_hits=engine.blocks.prefix_hits, hf_gpu_equals_hf_cpu=want == cpu,
-               kernels=[engine.runner.linear_kernel, engine.runner.attention_kernel])
+               kernels=[engine.runner.linear_kernel, engine.runner.attention_kernel],
+               cuda_graphs=sorted(engine.runner.graphs.graphs) if engine.runner.graphs is not None else None)
     if got != want:
         row["first_mismatch"] = [next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), None)
                                  for g, w in zip(got, want)]
@@ -226,7 +229,7 @@ def decode_profile(log: Log, device: str, tok: Path, root: Path, args) -> None:
     ckpt = convert_hf_to_trtllm(hf_dir, root / f"llama{name}.{dtype}", dtype=dtype)
     batch = [tuple(p) for p in random_prompts([args.prompt_len] * size, 8192, seed=1)]
     engine = LLMEngine(ckpt, EngineConfig(max_batch_size=size, max_num_tokens=8192, max_input_len=512,
-                                          max_seq_len=1024, device=device))
+                                          max_seq_len=1024, device=device, cuda_graph_mode="off"))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     base = decoder.attend
     for rnd in range(2):
@@ -261,6 +264,54 @@ def decode_profile(log: Log, device: str, tok: Path, root: Path, args) -> None:
     key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
     log(section="decode_profile", table_by_device=prof.key_averages().table(sort_by=key, row_limit=18),
         table_by_cpu=prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+
+
+def graph_steps(log: Log, device: str, tok: Path, root: Path, args) -> None:
+    """Each of --models / --dtypes at each of --sizes: median decode-step time (engine.step(), sampling and
+    bookkeeping included) with CUDA graphs off and on, then a CPU profile of the steps with graphs on (what the
+    host still spends per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name in args.models:
+        hf_dir = root / f"llama{name}"
+        if not (hf_dir / "config.json").exists():
+            make_random_model(hf_dir, tok, MODELS[name], seed=0)
+        for dtype in args.dtypes:
+            ckpt = convert_hf_to_trtllm(hf_dir, root / f"llama{name}.{dtype}", dtype=dtype)
+            for size in args.sizes:
+                batch = [tuple(p) for p in random_prompts([args.prompt_len] * size, 8192, seed=1)]
+                for mode in ("off", "on"):
+                    engine = LLMEngine(ckpt, EngineConfig(max_batch_size=size, max_num_tokens=8192, max_input_len=512,
+                                                          max_seq_len=1024, device=device, cuda_graph_mode=mode))
+                    for rnd in range(2):
+                        steps = _decode_steps(engine, batch, f"{mode}{rnd}-", 32)
+                        log(section="graph_steps", model=name, dtype=dtype, size=size, cuda_graph_mode=mode,
+                            round=rnd, median_step_ms=round(steps[len(steps) // 2] * 1e3, 3),
+                            min_step_ms=round(steps[0] * 1e3, 3))
+                    if mode == "on":
+                        with profile(activities=[ProfilerActivity.CPU]) as prof:
+                            _decode_steps(engine, batch, "prof-", 8)
+                        log(section="graph_steps", model=name, dtype=dtype, size=size, cuda_graph_mode=mode,
+                            table_by_cpu=prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+                    del engine
+                    torch.cuda.empty_cache()
+
+
+def _decode_steps(engine: LLMEngine, batch, tag: str, n: int) -> list[float]:
+    """Seconds of each of n decode steps (after the prefill step), sorted; the requests then run to their end."""
+    for r in _requests(batch, n + 8, tag):
+        engine.add_request(r)
+    engine.step()  # the prefill
+    steps = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        steps.append(time.perf_counter() - start)
+    while engine.has_work():
+        engine.step()
+    return sorted(steps)
 
 
 def quant(log: Log, device: str, tok: Path, root: Path) -> None:
@@ -321,25 +372,35 @@ def speed_model(log: Log, device: str, tok: Path, root: Path, name: str, dtype: 
         make_random_model(hf_dir, tok, MODELS[name], seed=0)
     ckpt = convert_hf_to_trtllm(hf_dir, root / f"llama{name}.{dtype}", dtype=dtype)
     batch = [list(p) for p in random_prompts([args.prompt_len] * max(args.sizes), 8192, seed=1)]
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    engine = LLMEngine(ckpt, EngineConfig(max_batch_size=max(args.sizes), max_num_tokens=8192, max_input_len=512,
-                                          max_seq_len=1024, device=device))
-    ours_mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    engines, memory = {}, {}
+    for mode in args.cuda_graph_modes:  # memory: what this engine allocated (the others stay alive beside it)
+        before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
+        engines[mode] = LLMEngine(ckpt, EngineConfig(max_batch_size=max(args.sizes), max_num_tokens=8192,
+                                                     max_input_len=512, max_seq_len=1024, device=device,
+                                                     cuda_graph_mode=mode))
+        memory[mode] = torch.cuda.memory_allocated() - before if device.startswith("cuda") else None
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(device).eval()
-    _ours(engine, batch[:1], 8, "warm")
+    for engine in engines.values():
+        _ours(engine, batch[:1], 8, "warm")
     _hf(model, batch[:1], 8)
     for r in range(args.rounds):
         for size in args.sizes:
-            tok_s, out = _ours(engine, batch[:size], args.new_tokens, f"r{r}s{size}")
             ref_tok_s, ref = _hf(model, batch[:size], args.new_tokens)
-            prefix = sorted(common_prefix(o, f) for o, f in zip(out, ref))
-            log(section="speed", model=name, dtype=dtype, size=size, round=r, ours_tok_s=round(tok_s, 1),
-                hf_tok_s=round(ref_tok_s, 1), ratio=round(tok_s / ref_tok_s, 3), equal_to_hf=out == ref,
-                common_prefix_min_median=[prefix[0], prefix[len(prefix) // 2]], of=args.new_tokens,
-                kv_blocks=engine.blocks.num_blocks,
-                engine_peak_mib=ours_mem and ours_mem // 2**20)
-    del engine, model
+            for mode, engine in engines.items():
+                tok_s, out = _ours(engine, batch[:size], args.new_tokens, f"r{r}s{size}")
+                prefix = sorted(common_prefix(o, f) for o, f in zip(out, ref))
+                log(section="speed", model=name, dtype=dtype, size=size, round=r, cuda_graph_mode=mode,
+                    cuda_graphs=engine.runner.graphs is not None, ours_tok_s=round(tok_s, 1),
+                    hf_tok_s=round(ref_tok_s, 1), ratio=round(tok_s / ref_tok_s, 3), equal_to_hf=out == ref,
+                    common_prefix_min_median=[prefix[0], prefix[len(prefix) // 2]], of=args.new_tokens,
+                    kv_blocks=engine.blocks.num_blocks, engine_mib=memory[mode] and memory[mode] // 2**20,
+                    graphs=len(engine.runner.graphs.graphs) if engine.runner.graphs is not None else None)
+            if len(engines) > 1:  # the same greedy tokens with and without graphs?
+                outs = [_ours(e, batch[:size], 16, f"c{r}s{size}")[1] for e in engines.values()]
+                log(section="speed", model=name, dtype=dtype, size=size, round=r,
+                    modes_agree_16_tokens=all(o == outs[0] for o in outs),
+                    modes_common_prefix_min=min(common_prefix(a, b) for a, b in zip(outs[0], outs[-1])))
+    del engines, model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
 
@@ -361,6 +422,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--cuda-graph-modes", nargs="+", default=["off", "on"], choices=["auto", "on", "off"],
+                        help="speed: one engine per mode, side by side (families and quant run the default, auto)")
     args = parser.parse_args()
     log = Log(args.out)
     tok = build_tokenizer()
@@ -369,7 +432,7 @@ def main() -> None:
         for section in args.sections:
             if section == "env":
                 guarded(log, "env", env, args.device)
-            elif section in ("speed", "decode_profile"):
+            elif section in ("speed", "decode_profile", "graph_steps"):
                 guarded(log, section, globals()[section], args.device, tok, root, args)
             else:
                 guarded(log, section, globals()[section], args.device, tok, root)

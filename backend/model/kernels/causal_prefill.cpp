@@ -156,9 +156,10 @@ void run(const torch::Tensor& qb, const torch::Tensor& k, const torch::Tensor& v
     const int64_t padded = (seqs[2 * b + 1] + kBlock - 1) / kBlock * kBlock;
     for (int64_t g = 0; g < KV; ++g) offset[b * KV + g + 1] = offset[b * KV + g] + padded * D / 2;
   }
-  // Left uninitialised here: pack_head writes every element, padding zeros included.
-  const auto kpack = std::make_unique_for_overwrite<int32_t[]>(offset.back());
-  const auto vpack = std::make_unique_for_overwrite<int32_t[]>(offset.back());
+  // Left uninitialised here (new T[n], not make_unique's zeroing): pack_head writes every element, padding zeros
+  // included. C++17: torch builds extensions with -std=c++17 before 2.13 (make_unique_for_overwrite is C++20).
+  const std::unique_ptr<int32_t[]> kpack(new int32_t[offset.back()]);
+  const std::unique_ptr<int32_t[]> vpack(new int32_t[offset.back()]);
   const auto* kp = k.data_ptr<at::BFloat16>();
   const auto* vp = v.data_ptr<at::BFloat16>();
   const int nthreads = at::get_num_threads();

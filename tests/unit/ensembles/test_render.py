@@ -34,6 +34,16 @@ def test_logits_datatype_is_checked(fake_model):
         RepoSpec(engine_dir=fake_model[0], tokenizer_dir=fake_model[1], logits_datatype="FP32")
 
 
+def test_cuda_graph_mode_renders_and_is_checked(fake_model, tmp_path):
+    engine, tokenizer = fake_model
+    args = _parser().parse_args(["render", "--demo", "--cuda-graph-mode", "false"])
+    repo = render(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, cuda_graph_mode=args.cuda_graph_mode),
+                  tmp_path / "repo")
+    assert '"cuda_graph_mode" value: { string_value: "false" }' in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    with pytest.raises(ValueError, match="cuda_graph_mode must be true, false or auto, got 'always'"):
+        RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, cuda_graph_mode="always")
+
+
 def test_cli_takes_decoupled_mode():
     args = _parser().parse_args(["serve", "--demo", "--decoupled-mode", "false", "--stop-by-request-id", "true"])
     assert args.decoupled_mode is False and args.stop_by_request_id is True

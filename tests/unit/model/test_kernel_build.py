@@ -108,3 +108,29 @@ def test_a_built_library_loads_without_building(tmp_path):
     build.build_once("tiny_built", directory, builder)
     assert build.build_once("tiny_built", directory, builder).__name__ == "tiny_built"
     assert builder.calls == [1]
+
+
+def test_the_kernels_compile_as_cpp17():
+    """torch builds extensions with -std=c++17 before 2.13 (pyproject allows torch>=2.5) and -std=c++20 from it,
+    so CI's own build would not see a C++20-only call: causal_prefill.cpp's make_unique_for_overwrite failed to
+    build on a lent GPU machine's torch 2.11 (perf/CUDA.md). Each source is parsed as C++17 against this torch's
+    headers, two compilers at a time (~20 s each)."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    includes = [f"-isystem{path}" for path in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"])]
+    command = ["c++", "-std=c++17", "-fsyntax-only", *build.CFLAGS, *includes, "-DTORCH_EXTENSION_NAME=cpp17_check",
+               "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    pending = list(build.SOURCES)
+    running: list[tuple[Path, subprocess.Popen]] = []
+    failures = []
+    while pending or running:
+        while pending and len(running) < 2:
+            source = pending.pop()
+            running.append((source, subprocess.Popen([*command, str(source)], stderr=subprocess.PIPE, text=True)))
+        source, proc = running.pop(0)
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            failures.append(f"{source.name}:\n{err[-2000:]}")
+    assert not failures, "\n".join(failures)

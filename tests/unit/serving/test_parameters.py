@@ -115,3 +115,15 @@ def test_cancellation_check_period_must_be_positive():
 
     with pytest.raises(ValueError, match="cancellation_check_period_ms"):
         ServingConfig(engine_dir=Path("x"), engine=EngineConfig(), cancellation_check_period_s=0.0)
+
+
+@pytest.mark.parametrize("value, mode", [("true", "on"), ("False", "off"), ("auto", "auto"), ("", "auto"),
+                                         ("${cuda_graph_mode}", "auto")])
+def test_cuda_graph_mode_takes_the_anchors_boolean_or_auto(value, mode):
+    params = ModelParameters({"gpt_model_path": "/ckpt", "cuda_graph_mode": value, "engine_device": "cuda"})
+    assert ServingConfig.from_parameters(params).engine.cuda_graph_mode == mode
+
+
+def test_a_bad_cuda_graph_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match="parameter cuda_graph_mode must be true, false or auto, got 'sometimes'"):
+        ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "cuda_graph_mode": "sometimes"}))
