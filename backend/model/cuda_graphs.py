@@ -6,10 +6,10 @@ On CUDA a small model's decode step is bound by the CPU launching its kernels, n
 whole step at once. Only decode steps (every sequence one new token) replay; prefill chunks run eagerly.
 
 A step is padded to its bucket: its B sequences to the next batch bucket (1, 2, 4, 8, then multiples of 8), its
-context width L to its bucket (context_bucket: at most ~25 % more columns). A padded sequence is one token at position 0
-whose K/V go to the scratch slot (a row past the blocks the block manager hands out: KVCache's scratch_rows) and
-which attends to that slot alone; padded context columns are masked. Real rows compute what they would unpadded,
-up to the rounding of kernels chosen for other shapes (perf/CUDA.md compares the tokens with HF's).
+context width L to its bucket (context_bucket: at most ~25 % more columns). A padded sequence is one token at
+position 0 whose K/V go to the scratch slot (a row past the blocks the block manager hands out: KVCache's
+scratch_rows) and which attends to that slot alone; padded context columns are masked. Real rows compute what they
+would unpadded, up to the rounding of kernels chosen for other shapes (perf/CUDA.md compares the tokens with HF's).
 """
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 import collections
 import json
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
@@ -10,6 +9,7 @@ from backend.errors import InvalidRequestError
 from backend.serving.cancel_watch import CancelPolls
 from backend.serving.parameters import ModelParameters, PostprocessingConfig
 from backend.serving.postprocess import Postprocessor
+from backend.serving.stop_request import stop_inputs, stop_version
 
 # Optional inputs passed through unchanged as OUT_<name>, so that every ensemble output of one streamed step
 # arrives in one response.
@@ -65,13 +65,9 @@ class TritonPythonModel:
         if key is None or int(key.reshape(-1)[0]) in self.stopped:
             return
         self.stopped.append(int(key.reshape(-1)[0]))
-        one = np.ones((1, 1), dtype=np.int32)
-        inputs = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
-                  pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
-                  pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
-        version = -1 if served_version is None else int(served_version.reshape(-1)[0])
-        stop = pb_utils.InferenceRequest(model_name=self.stop_model, inputs=inputs, requested_output_names=[],
-                                         model_version=version)
+        stop = pb_utils.InferenceRequest(model_name=self.stop_model,
+                                         inputs=[pb_utils.Tensor(k, v) for k, v in stop_inputs(key).items()],
+                                         requested_output_names=[], model_version=stop_version(served_version))
         for response in stop.exec(decoupled=True):
             if response.has_error():
                 pb_utils.Logger.log_warn(f"stopping a cancelled request failed: {response.error().message()}")

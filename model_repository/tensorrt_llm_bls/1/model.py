@@ -22,6 +22,7 @@ from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensor
 from backend.serving.postprocess import Postprocessor
 from backend.serving.preprocess import Preprocessor
 from backend.serving.request_copy import copy_request
+from backend.serving.stop_request import stop_inputs, stop_version
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SERVED_VERSION = "served_version"  # the canary router's output: the tensorrt_llm version serving the stream
@@ -97,12 +98,9 @@ class TritonPythonModel:
         version that served it when the router said which."""
         if key is None:
             return
-        one = np.ones((1, 1), dtype=np.int32)
-        inputs = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one),
-                  pb_utils.Tensor("request_output_len", one), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
-                  pb_utils.Tensor("request_key", key.reshape(1, 1).astype(np.uint64))]
-        stop = pb_utils.InferenceRequest(model_name=self.stop_model, inputs=inputs, requested_output_names=[],
-                                         model_version=-1 if version is None else int(version.reshape(-1)[0]))
+        stop = pb_utils.InferenceRequest(model_name=self.stop_model,
+                                         inputs=[pb_utils.Tensor(k, v) for k, v in stop_inputs(key).items()],
+                                         requested_output_names=[], model_version=stop_version(version))
         responses = stop.exec(decoupled=self.decoupled)
         for _ in (responses if self.decoupled else []):
             pass  # its flag-only final

@@ -74,14 +74,13 @@ def test_padding_keeps_each_real_rows_metadata_and_sends_the_padding_to_the_scra
 
 @pytest.mark.parametrize("max_batch_size", [3, 4])
 def test_greedy_through_the_graphs_equals_hf(make_engine, hf_greedy, max_batch_size):
-    """Three and four sequences (a padded bucket and a full one), contexts crossing the 64- and 80-column buckets, prompts
-    arriving while others decode (prefill steps stay eager), a second pass from the prefix cache: HF's tokens."""
+    """Three and four sequences (a padded bucket and a full one), contexts crossing the 64- and 80-column buckets,
+    prompts arriving while others decode (prefill steps stay eager), a second pass from the prefix cache: HF's tokens."""
     engine = make_engine(**EAGER_CUDA_LIKE, max_batch_size=max_batch_size, max_num_tokens=64)
     graphs = emulate_graphs(engine)
     prompts = random_prompts([9, 30, 50, 17], 512, seed=3)
-    reqs = lambda tag: [Request(f"{tag}{i}", p, SamplingParams(max_tokens=40)) for i, p in enumerate(prompts)]  # noqa: E731
     for tag in ("a", "b"):
-        got = engine.generate(reqs(tag))
+        got = engine.generate([Request(f"{tag}{i}", p, SamplingParams(max_tokens=40)) for i, p in enumerate(prompts)])
         assert [got[f"{tag}{i}"] for i in range(len(prompts))] == [hf_greedy(p, 40) for p in prompts]
     assert {64, 80, 96} <= {width for _, width in graphs.graphs}  # contexts of up to 90 columns
     assert engine.blocks.prefix_hits > 0
