@@ -10,6 +10,7 @@ from pathlib import Path
 from backend.engine.config import engine_default
 from backend.policy.tenants import load_limits
 from backend.serving.cpu_placement import CpuSplit, format_cpu_list, split_cpus
+from backend.serving.parameters import ModelParameters, cuda_graph_mode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO_ROOT / "model_repository"
@@ -75,8 +76,7 @@ class RepoSpec:
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
             raise ValueError(f"batch_scheduler_policy must be guaranteed_no_evict or max_utilization, "
                              f"got {self.batch_scheduler_policy!r}")
-        if self.cuda_graph_mode.lower() not in ("true", "false", "auto"):
-            raise ValueError(f"cuda_graph_mode must be true, false or auto, got {self.cuda_graph_mode!r}")
+        cuda_graph_mode(ModelParameters({"cuda_graph_mode": self.cuda_graph_mode}))  # tensorrt_llm's own reading
         if self.logits_datatype not in LOGITS_DATATYPES:
             raise ValueError(f"logits_datatype must be one of {', '.join(LOGITS_DATATYPES)}, got {self.logits_datatype!r}")
         if not 0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0:
