@@ -43,28 +43,10 @@ SOURCE = r"""
 #include <immintrin.h>
 #include <omp.h>
 
-template <int R, int P>
+// R rows of w per pass over x, prefetching P bytes ahead (0: none). Plain: w row-major (N, K). Interleaved: w as
+// [N / R][K / 32][R][32], a block's rows 32 values at a time, read strictly in order.
+template <int R, int P, bool Interleaved>
 static void gemv_rows(const uint16_t* w, const uint16_t* x, float* y, int64_t N, int64_t K) {
-  const int64_t blocks = N / R;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint16_t* rows = w + b * R * K;
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
-      for (int r = 0; r < R; ++r) {
-        if (P > 0) _mm_prefetch((const char*)(rows + r * K + k) + P, _MM_HINT_T0);
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(rows + r * K + k), xv);
-      }
-    }
-    for (int r = 0; r < R; ++r) y[b * R + r] = _mm512_reduce_add_ps(acc[r]);
-  }
-}
-
-// w packed as [N / R][K / 32][R][32]: a block's rows interleaved 32 values at a time, read strictly in order
-template <int R>
-static void gemv_packed_rows(const uint16_t* w, const uint16_t* x, float* y, int64_t N, int64_t K) {
   const int64_t blocks = N / R;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
@@ -73,9 +55,11 @@ static void gemv_packed_rows(const uint16_t* w, const uint16_t* x, float* y, int
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
-      const uint16_t* chunk = block + k * R;
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(chunk + r * 32), xv);
+      for (int r = 0; r < R; ++r) {
+        const uint16_t* chunk = Interleaved ? block + k * R + r * 32 : block + r * K + k;
+        if (P > 0) _mm_prefetch((const char*)chunk + P, _MM_HINT_T0);
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(chunk), xv);
+      }
     }
     for (int r = 0; r < R; ++r) y[b * R + r] = _mm512_reduce_add_ps(acc[r]);
   }
@@ -85,8 +69,8 @@ torch::Tensor gemv_packed(torch::Tensor w, torch::Tensor x, int64_t rows, int64_
   auto y = torch::empty({N}, torch::kFloat32);
   auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  if (rows == 8) gemv_packed_rows<8>(wp, xp, y.data_ptr<float>(), N, K);
-  else gemv_packed_rows<16>(wp, xp, y.data_ptr<float>(), N, K);
+  if (rows == 8) gemv_rows<8, 0, true>(wp, xp, y.data_ptr<float>(), N, K);
+  else gemv_rows<16, 0, true>(wp, xp, y.data_ptr<float>(), N, K);
   return y;
 }
 
@@ -97,10 +81,10 @@ torch::Tensor gemv(torch::Tensor w, torch::Tensor x, int64_t rows, int64_t prefe
   auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
-  if (rows == 4 && prefetch == 0) gemv_rows<4, 0>(wp, xp, yp, N, K);
-  else if (rows == 4) gemv_rows<4, 1024>(wp, xp, yp, N, K);
-  else if (rows == 8 && prefetch == 0) gemv_rows<8, 0>(wp, xp, yp, N, K);
-  else gemv_rows<8, 1024>(wp, xp, yp, N, K);
+  if (rows == 4 && prefetch == 0) gemv_rows<4, 0, false>(wp, xp, yp, N, K);
+  else if (rows == 4) gemv_rows<4, 1024, false>(wp, xp, yp, N, K);
+  else if (rows == 8 && prefetch == 0) gemv_rows<8, 0, false>(wp, xp, yp, N, K);
+  else gemv_rows<8, 1024, false>(wp, xp, yp, N, K);
   return y;
 }
 
