@@ -14,8 +14,10 @@
     formats   on-disk contracts the build and the runtime share: TRT-LLM checkpoint config and tensor names, rank
               layout, FP8 / INT4 / INT8 number formats, model-repository version artifacts. Imports nothing of ours.
 
-errors.py (InvalidRequestError) is a leaf every layer may import. No module here imports Triton (the Triton
-models under model_repository/ are thin adapters that pass pb_utils in), build_engines, ensembles or perf.
+errors.py (InvalidRequestError) is a leaf every layer may import; so is kernel_choices.py (the values of
+EngineConfig's kernel choices, which the config and the model modules resolving them share). No module here imports
+Triton (the Triton models under model_repository/ are thin adapters that pass pb_utils in), build_engines, ensembles
+or perf.
 Outside: build_engines imports backend; ensembles imports both; frontend (the HTTP front) imports backend.policy
 only; perf imports anything and nothing imports perf.
 tests/unit/test_layers.py checks all of this by parsing every import (tests/unit/import_rules.py holds the rules).

@@ -5,11 +5,8 @@ from dataclasses import MISSING, dataclass, fields
 from enum import Enum
 from typing import Any
 
-LINEAR_KERNELS = ("auto", "torch", "onednn")  # backend/model/prepacked_linear.py
-ATTENTION_KERNELS = ("auto", "torch", "paged")  # backend/model/kernels/paged_decode.py
-DECODE_LAYERS = ("auto", "python", "native")  # backend/model/kernels/decode_layers.py
-LINEAR_DTYPES = ("auto", "checkpoint", "bfloat16")  # backend/model/prepacked_linear.py
-CUDA_GRAPH_MODES = ("auto", "on", "off")  # backend/model/cuda_graphs.py
+from backend.kernel_choices import (
+    ATTENTION_KERNELS, CUDA_GRAPH_MODES, DECODE_GEMV, DECODE_LAYERS, LINEAR_DTYPES, LINEAR_KERNELS)
 
 
 class SchedulerPolicy(str, Enum):
@@ -60,6 +57,11 @@ class EngineConfig:
     # Decode steps replayed as CUDA graphs (backend/model/cuda_graphs.py; the anchor's cuda_graph_mode): "on" (CUDA,
     # one process), "off", "auto" (on where it runs: CUDA and an unsharded checkpoint).
     cuda_graph_mode: str = "auto"
+    # One-row products of bf16 linears (batch-1 decode steps) by an AVX-512 BF16 GEMV over a second, interleaved copy
+    # of their weights (backend/model/kernels/bf16_gemv.py; oneDNN's copy serves more rows): "on" (bf16 linears beside
+    # float32 activations, a CPU with AVX-512 BF16), "off", "auto" (on where it runs and the KV cache keeps the
+    # capacity it would have without the copy).
+    decode_gemv: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len", "tokens_per_block"):
@@ -119,6 +121,12 @@ class EngineConfig:
             raise ValueError(f"cuda_graph_mode must be one of {CUDA_GRAPH_MODES}, got {self.cuda_graph_mode!r}")
         if self.cuda_graph_mode == "on" and not self.device.startswith("cuda"):
             raise ValueError(f"cuda_graph_mode 'on' runs on CUDA only, not on device {self.device!r}")
+        if self.decode_gemv not in DECODE_GEMV:
+            raise ValueError(f"decode_gemv must be one of {DECODE_GEMV}, got {self.decode_gemv!r}")
+        if self.decode_gemv == "on" and (self.linear_kernel == "torch" or self.linear_dtype == "checkpoint"
+                                         or not self.device.startswith("cpu")):
+            raise ValueError(f"decode_gemv 'on' serves bf16 linears on oneDNN on CPU, not linear_kernel "
+                             f"{self.linear_kernel!r} / linear_dtype {self.linear_dtype!r} on device {self.device!r}")
         if self.linear_kernel != "onednn":
             return
         import torch

@@ -24,9 +24,10 @@ from backend.engine.thread_governor import ThreadGovernor
 from backend.errors import InvalidRequestError
 from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit, torch_dtype
 from backend.model.features import DecoderFeatures
+from backend.model.kernels.bf16_gemv import resolve_decode_gemv
 from backend.model.loader import load_model, widened_bytes
 from backend.model.parallel.driver import ParallelModelRunner
-from backend.model.prepacked_linear import resolve_linear_dtype
+from backend.model.prepacked_linear import gemv_copy_bytes, resolve_linear_dtype
 from backend.model.runner import ModelRunner
 from backend.model.step_inputs import StepInputs
 
@@ -65,6 +66,28 @@ def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device
     return dtype
 
 
+def _gemv_copy_bytes(model: torch.nn.Module | None, kv_cfg: ModelConfig, config: EngineConfig,
+                     linear_dtype: torch.dtype | None, device: torch.device, free: int) -> int | None:
+    """The bytes of the one-row GEMV's weight copies where EngineConfig.decode_gemv resolves to on for this model,
+    None where it is off. "auto" takes the GEMV only where the KV cache, planned with the copies in memory, holds
+    what it would hold without them (the copies double the bf16 linears' weight bytes)."""
+    if model is None or not resolve_decode_gemv(config.decode_gemv, device, linear_dtype):
+        return None
+    copy = gemv_copy_bytes(model)
+    if config.decode_gemv == "on":
+        return copy
+    try:
+        own = plan_kv_cache(kv_cfg, config, free).tokens
+        less = plan_kv_cache(kv_cfg, config, free - copy).tokens
+    except ValueError:  # not even one sequence fits one way: no copy (the plan's own refusal follows, if any)
+        return None
+    if less < own:
+        log.info("decode_gemv 'auto' is off: its weight copies (%d MiB) would leave the KV cache %d tokens, not %d",
+                 copy >> 20, less, own)
+        return None
+    return copy
+
+
 class LLMEngine:
     def __init__(self, ckpt_dir: Path, config: EngineConfig) -> None:
         if config.num_threads:
@@ -86,7 +109,9 @@ class LLMEngine:
             raise ValueError(f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings ({limit})")
         # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
         model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device, linear_dtype)
-        self.kv_plan = plan_kv_cache(kv_cfg, config, free_memory_bytes(self.device))
+        free = free_memory_bytes(self.device)
+        copy = _gemv_copy_bytes(model, kv_cfg, config, linear_dtype, self.device, free)  # None: no GEMV
+        self.kv_plan = plan_kv_cache(kv_cfg, config, free - (copy or 0))
         log.info("%s; 2 x %d layers x %d kv heads x %d dims x %s", self.kv_plan.describe(), cfg.num_hidden_layers,
                  cfg.num_key_value_heads, cfg.head_size, kv_cfg.dtype)
         self.blocks = BlockManager(self.kv_plan.blocks, config.tokens_per_block, config.enable_kv_cache_reuse,
@@ -102,12 +127,15 @@ class LLMEngine:
         if model is None and config.decode_layers == "native":
             raise ValueError("decode_layers 'native' is not implemented for a sharded checkpoint (tensor or pipeline "
                              "parallel ranks run the Python layers): use 'auto' or 'python'")
+        if model is None and config.decode_gemv == "on":
+            raise ValueError("decode_gemv 'on' is not implemented for a sharded checkpoint (tensor or pipeline "
+                             "parallel ranks run torch's linears): use 'auto' or 'off'")
         if model is None and config.cuda_graph_mode == "on":
             raise ValueError("cuda_graph_mode 'on' is not implemented for a sharded checkpoint (tensor or pipeline "
                              "parallel ranks run eagerly): use 'auto' or 'off'")
         self.runner = (ModelRunner(model, num_blocks, block_size, self.device, config.linear_kernel,
                                    config.attention_kernel, config.decode_layers, linear_dtype,
-                                   config.cuda_graph_mode)
+                                   config.cuda_graph_mode, "off" if copy is None else "on")
                        if model is not None else ParallelModelRunner(ckpt_dir, cfg, num_blocks, block_size, self.device,
                                                 config.num_threads or 1))
         self.scheduler = Scheduler(config, self.blocks)

@@ -19,13 +19,13 @@ from typing import Callable
 
 import torch
 
+from backend.kernel_choices import CUDA_GRAPH_MODES
 from backend.model.decoder import AttentionMetadata
 from backend.model.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 
 MIN_CONTEXT = 64  # smallest context bucket: fewer graphs for short contexts, little padded attention work
-CUDA_GRAPH_MODES = ("auto", "on", "off")
 
 # StepInputs -> (input_ids (T,), metadata, logits_index (S,)) on the device: the runner's step_tensors
 StepBuilder = Callable[[StepInputs], tuple[torch.Tensor, AttentionMetadata, torch.Tensor]]

@@ -12,15 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-LINEAR_KERNELS = ("auto", "torch", "onednn")
-# "checkpoint": linears compute in the checkpoint's dtype; "bfloat16": in bfloat16 on oneDNN with everything else
-# (embeddings, norms, attention, KV cache, residual stream, logits) in float32; "auto": bfloat16 for an unquantized
-# single-process bfloat16 checkpoint where the CPU has native bf16 arithmetic, else checkpoint.
-LINEAR_DTYPES = ("auto", "checkpoint", "bfloat16")
+from backend.kernel_choices import LINEAR_DTYPES, LINEAR_KERNELS
+from backend.model.kernels.bf16_gemv import bf16_gemv, interleave, interleaved_width
+
 log = logging.getLogger(__name__)
 
 
@@ -104,41 +103,63 @@ def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.
 class PrepackedLinear(nn.Module):
     """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter), in `dtype` (None:
     the weight's): x is rounded to it before the product and y widened back to x's dtype after it (bf16 linears
-    beside float32 activations; decode_layers.cpp's packed_linear does the same)."""
+    beside float32 activations; decode_layers.cpp's packed_linear does the same). With `gemv` (bf16 only), a second
+    copy of W interleaved for the one-row GEMV (kernels/bf16_gemv.py) computes one-row products: the same result up
+    to float32 summation order."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None,
+                 gemv: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.dtype = dtype or weight.dtype
+        if gemv and self.dtype != torch.bfloat16:
+            raise ValueError(f"the one-row GEMV serves bfloat16 linears, not {self.dtype} ones")
         weight = weight.detach().to(self.dtype).contiguous()
         self.weight_bytes = weight.numel() * weight.element_size()
         # batch_size is a layout hint; the packed weight serves any number of rows (decode and prefill alike).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16)
         self.bias = None if bias is None else bias.detach().to(self.dtype).clone()
+        self.gemv = interleave(weight) if gemv else None  # (N, K padded to 32), bf16_gemv.cpp's layout
 
     @classmethod
     def of(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> PrepackedLinear:
         return cls(linear.weight, linear.bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32:
+            return bf16_gemv(x, self.gemv, self.bias)
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"gemv={self.gemv is not None}")
 
 
-def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+def _prepackable(model: nn.Module) -> Iterator[tuple[nn.Module, str, torch.Tensor, torch.Tensor | None]]:
+    """(parent, attribute, weight, bias) of every plain float nn.Linear under `model` and each MLP's fused fc/gate
+    weight (which replaces its fc and gate linears)."""
+    for parent in list(model.modules()):
+        fused = getattr(parent, "fc_gate", None)
+        unused = ("fc", "gate") if isinstance(fused, torch.Tensor) else ()
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.is_floating_point() and name not in unused:
+                yield parent, name, child.weight, child.bias
+        if unused:
+            yield parent, "fc_gate", fused, None
+
+
+def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None, gemv: bool = False) -> nn.Module:
     """Swap every plain float nn.Linear under `model` (and each MLP's fused fc/gate weight) for a PrepackedLinear
-    computing in `dtype` (None: the weights')."""
+    computing in `dtype` (None: the weights'), each with the one-row GEMV's copy where `gemv`."""
     with torch.inference_mode():
-        for parent in list(model.modules()):
-            fused = getattr(parent, "fc_gate", None)
-            unused = ("fc", "gate") if isinstance(fused, torch.Tensor) else ()  # the fused weight replaces them
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear and child.weight.is_floating_point() and name not in unused:
-                    setattr(parent, name, PrepackedLinear.of(child, dtype))
-            if unused:
-                parent.fc_gate = PrepackedLinear(fused, None, dtype)
+        for parent, name, weight, bias in list(_prepackable(model)):
+            setattr(parent, name, PrepackedLinear(weight, bias, dtype, gemv))
     return model
+
+
+def gemv_copy_bytes(model: nn.Module) -> int:
+    """Bytes of the one-row GEMV's interleaved copies prepack_linears(model, bfloat16, gemv=True) would add beside
+    oneDNN's packed weights (bf16, columns padded to 32)."""
+    return sum(w.shape[0] * interleaved_width(w.shape[1]) * 2 for _, _, w, _ in _prepackable(model))

@@ -9,6 +9,7 @@ from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
 from backend.model.cuda_graphs import CaptureError, DecodeGraphs, is_decode_step, resolve_cuda_graphs
 from backend.model.decoder import AttentionMetadata
+from backend.model.kernels.bf16_gemv import resolve_decode_gemv
 from backend.model.kernels.causal_prefill import unsupported as causal_prefill_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers
 from backend.model.kernels.paged_decode import resolve_attention_kernel
@@ -57,7 +58,7 @@ class KVCache:
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device,
                  linear_kernel: str = "torch", attention_kernel: str = "torch", decode_layers: str = "python",
-                 linear_dtype: torch.dtype | None = None, cuda_graphs: str = "auto") -> None:
+                 linear_dtype: torch.dtype | None = None, cuda_graphs: str = "auto", decode_gemv: str = "off") -> None:
         """linear_kernel: "torch", "onednn" or "auto" (backend/model/prepacked_linear.py); attention_kernel: "torch",
         "paged" or "auto" for decode steps (backend/model/kernels/paged_decode.py); decode_layers: "python", "native"
         or "auto" (backend/model/kernels/decode_layers.py); linear_dtype: the oneDNN linears' dtype where it is not
@@ -65,13 +66,16 @@ class ModelRunner:
         would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones
         are kept in self.linear_kernel, self.attention_kernel and self.native_layers (None: the Python layers);
         cuda_graphs: "on", "off" or "auto" (on CUDA): decode steps replay CUDA graphs (backend/model/cuda_graphs.py;
-        self.graphs, None when off)."""
+        self.graphs, None when off); decode_gemv: "on", "off" or "auto": one-row bf16 products by the GEMV
+        (backend/model/kernels/bf16_gemv.py; self.decode_gemv)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         if linear_dtype is not None and self.linear_kernel != "onednn":
             raise ValueError(f"linears in {linear_dtype} beside {torch_dtype(model.config)} activations run on oneDNN "
                              f"only, not linear_kernel {linear_kernel!r}")
         self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
-        self.model = prepack_linears(model, linear_dtype) if self.linear_kernel == "onednn" else model
+        self.decode_gemv = resolve_decode_gemv(decode_gemv, device, linear_dtype)
+        self.model = (prepack_linears(model, linear_dtype, self.decode_gemv) if self.linear_kernel == "onednn"
+                      else model)
         self.device = device
         graphs = resolve_cuda_graphs(cuda_graphs, device)
         self.cuda_graph_mode = cuda_graphs

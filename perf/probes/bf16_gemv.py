@@ -11,13 +11,11 @@ through 12 layers (220 MB: they come from DRAM, as in the engine):
 Prints ms per layer (the four linears) and GB/s, median of --passes, interleaved. Needs a CPU with AVX-512 BF16
 (the development VM's; the GEMVs do not compile without it).
 
---engine: instead, the 125M model in bf16 (perf/out/llama125m, made if missing), one sequence decoding with the
-Python decoder layers, rounds alternating every PrepackedLinear's one-row products between oneDNN (as now) and the
-interleaved GEMV (a patch of this process, not the engine's code; output rounded to bf16 and widened, as oneDNN's):
-median decode-step time of each, the engine's default (compiled layers, oneDNN) beside, and whether 48 greedy tokens
-agree.
+The kernel this led to is backend/model/kernels/bf16_gemv.cpp (EngineConfig.decode_gemv; it settled on blocks of 4
+rows, which streamed faster than 8 or 16 from DRAM); its effect on the engine's decode step:
+`perf/probes/config_ab.py --hf perf/out/llama125m --dtype bfloat16 --field decode_gemv --values off on --batch 1`.
 
-    .venv/bin/python perf/probes/bf16_gemv.py [--threads 2] [--passes 15] [--engine] [--rounds 6]
+    .venv/bin/python perf/probes/bf16_gemv.py [--threads 2] [--passes 15]
 """
 from __future__ import annotations
 
@@ -121,73 +119,13 @@ def build():
                                      extra_cflags=list(kernel_build.CFLAGS), extra_ldflags=kernel_build.ldflags())
 
 
-def engine_rounds(ext, rounds: int, steps: int) -> None:
-    """The engine's decode step with oneDNN's one-row products and with the interleaved GEMV, alternating."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench_peers import llama125m
-    from profile_engine import start_engine, timed_steps
-
-    from ensembles import artifacts
-
-    ckpt = artifacts.from_hf(llama125m(), "bfloat16").engine_dir
-    base_forward = PrepackedLinear.forward
-    state = {"gemv": False}
-
-    def forward(self, x):
-        if not state["gemv"] or x.shape[0] != 1 or self.dtype != torch.bfloat16 or x.dtype != torch.float32:
-            return base_forward(self, x)
-        if not hasattr(self, "rows16"):
-            self.rows16 = interleave(self.plain, 16)
-        y = ext.gemv_packed(self.rows16, x[0].to(torch.bfloat16), 16, self.out_features, self.in_features)
-        if self.bias is not None:
-            y = y + self.bias.float()
-        return y.to(torch.bfloat16).to(torch.float32)[None]
-
-    base_init = PrepackedLinear.__init__
-
-    def init(self, weight, bias, dtype=None):  # keep a plain copy to interleave (the probe's memory, not the engine's)
-        base_init(self, weight, bias, dtype)
-        self.plain = weight.detach().to(self.dtype).contiguous()
-
-    PrepackedLinear.__init__, PrepackedLinear.forward = init, forward
-    python = start_engine(ckpt, 1, 128, rounds * steps, decode_layers="python")
-    native = start_engine(ckpt, 1, 128, rounds * steps)
-    times: dict[str, list[float]] = {"oneDNN, Python layers": [], "GEMV, Python layers": [],
-                                     "oneDNN, compiled layers (the default)": []}
-    for r in range(rounds):
-        for use in ((False, True) if r % 2 == 0 else (True, False)):
-            state["gemv"] = use
-            name = "GEMV, Python layers" if use else "oneDNN, Python layers"
-            times[name].append(timed_steps(python, steps) * 1e3)
-        state["gemv"] = False
-        times["oneDNN, compiled layers (the default)"].append(timed_steps(native, steps) * 1e3)
-    print(f"125M bf16, batch 1, decode step ms, median of {rounds} rounds of {steps} steps (range)")
-    for name, t in times.items():
-        print(f"  {name:40s} {statistics.median(t):6.2f} ({min(t):.2f}-{max(t):.2f})")
-    outputs = {}
-    for use in (False, True):
-        state["gemv"] = use
-        engine = start_engine(ckpt, 1, 128, 16, decode_layers="python")
-        for _ in range(48):
-            engine.step()
-        outputs[use] = engine.sequences["r0"].output_ids[:48]
-    agree = next((i for i, (a, b) in enumerate(zip(outputs[False], outputs[True])) if a != b), 48)
-    print(f"  greedy tokens, oneDNN vs GEMV: the same for the first {agree} of 48")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=15)
-    parser.add_argument("--engine", action="store_true", help="the engine's decode step instead (see above)")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=24)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ext = build()
-    if args.engine:
-        engine_rounds(ext, args.rounds, args.steps)
-        return
     gen = torch.Generator().manual_seed(0)
     plain = [[(torch.randn(o, i, generator=gen) * 0.02).to(torch.bfloat16) for o, i in SHAPES] for _ in range(LAYERS)]
     packed = [[PrepackedLinear(w, None, torch.bfloat16) for w in layer] for layer in plain]

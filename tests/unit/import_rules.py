@@ -24,11 +24,13 @@ class Rule:
 
 RULES = (
     Rule("backend.errors", ()),
+    Rule("backend.kernel_choices", ()),
     Rule("backend.formats", ("backend.formats",), TRITON),
-    Rule("backend.model", ("backend.model", "backend.formats", "backend.errors"), TRITON),
-    Rule("backend.engine", ("backend.engine", "backend.model", "backend.formats", "backend.errors"), TRITON),
+    Rule("backend.model", ("backend.model", "backend.formats", "backend.errors", "backend.kernel_choices"), TRITON),
+    Rule("backend.engine", ("backend.engine", "backend.model", "backend.formats", "backend.errors",
+                            "backend.kernel_choices"), TRITON),
     # Scheduling never pulls in the torch model: the batch is plain sequences and block tables.
-    *(Rule(f"backend.engine.{name}", ("backend.engine", "backend.errors"), TRITON)
+    *(Rule(f"backend.engine.{name}", ("backend.engine", "backend.errors", "backend.kernel_choices"), TRITON)
       for name in ("config", "sampling_params", "sequence", "prefix_cache", "block_manager", "scheduler",
                    "scheduler_output", "stats", "rope_regime")),
     Rule("backend.policy", ("backend.policy", "backend.errors"), TRITON + ("torch",)),

@@ -1,5 +1,5 @@
-"""The compiled CPU kernels (paged_decode.cpp, decode_layers.cpp, causal_prefill.cpp, bound in bindings.cpp) as one
-torch JIT extension.
+"""The compiled CPU kernels (paged_decode.cpp, decode_layers.cpp, causal_prefill.cpp, bf16_gemv.cpp, bound in
+bindings.cpp) as one torch JIT extension.
 
 Built once per machine and source (the build directory's name carries a hash of the sources, the compiler flags, the
 torch version and the CPU's feature flags, since it is compiled for this CPU: -march=native) under
@@ -25,7 +25,8 @@ from types import ModuleType
 import torch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = tuple(HERE / name for name in ("paged_decode.cpp", "decode_layers.cpp", "causal_prefill.cpp", "bindings.cpp"))
+SOURCES = tuple(HERE / name for name in (
+    "paged_decode.cpp", "decode_layers.cpp", "causal_prefill.cpp", "bf16_gemv.cpp", "bindings.cpp"))
 HEADERS = tuple(HERE / name for name in ("kernels.h",))
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs serially unless the code is compiled with OpenMP.
 # The library links against the OpenMP runtime torch has loaded (openmp_runtimes()), so that the process keeps one
@@ -158,6 +159,17 @@ def load() -> ModuleType:
     except Exception as exc:  # a compiler, ninja or header missing: say which
         raise KernelUnavailable(f"building the kernels ({', '.join(s.name for s in SOURCES)}) in {directory} "
                                 f"failed: {exc}") from exc
+
+
+def avx512_bf16_missing(kernel: str, compiled: str) -> str | None:
+    """Why `kernel` (AVX-512 BF16 code, compiled only for CPUs with it) cannot run here: the extension's `compiled()`
+    says it was left out, or the kernels do not build; None where it runs."""
+    try:
+        if not getattr(load(), compiled)():
+            return f"the {kernel} needs AVX-512 BF16, which this CPU lacks"
+    except KernelUnavailable as exc:
+        return str(exc)
+    return None
 
 
 if __name__ == "__main__":

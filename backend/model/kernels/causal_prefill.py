@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.model.kernels.build import KernelUnavailable, load
+from backend.model.kernels.build import avx512_bf16_missing, load
 
 HEAD_SIZES = (16, 32, 64, 80, 96, 128, 256)  # the head sizes causal_prefill.cpp is instantiated for
 
@@ -32,9 +32,4 @@ def unsupported(head_size: int, kv_dtype: torch.dtype, device: torch.device | st
         return f"the causal prefill kernel reads bf16 K/V pools (bf16 linears), not {kv_dtype}"
     if head_size not in HEAD_SIZES:
         return f"the causal prefill kernel is built for head sizes {HEAD_SIZES}, not {head_size}"
-    try:
-        if not load().causal_prefill_available():
-            return "the causal prefill kernel needs AVX-512 BF16, which this CPU lacks"
-    except KernelUnavailable as exc:
-        return str(exc)
-    return None
+    return avx512_bf16_missing("causal prefill kernel", "causal_prefill_available")

@@ -12,16 +12,21 @@
 
 namespace {
 
-// Per layer, `weights` holds kPerLayer tensors in this order; an empty tensor stands for an absent one.
+// Per layer, `weights` holds kPerLayer tensors in this order; an empty tensor stands for an absent one. The *Gemv
+// slots: the linear's weight interleaved for the one-row GEMV (bf16_gemv.cpp), where PrepackedLinear holds one.
 enum Slot : int64_t {
-  kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kDense, kPostNorm, kPreMlpNorm, kPostMlpNorm, kFc, kProj, kPerLayer
+  kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kDense, kPostNorm, kPreMlpNorm, kPostMlpNorm, kFc, kProj,
+  kQkvGemv, kDenseGemv, kFcGemv, kProjGemv, kPerLayer
 };
 
 bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 
 // x (T, in) @ a oneDNN-packed weight (+ bias): prepacked_linear.PrepackedLinear.forward's call, which rounds x to
-// the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back.
-torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+// the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back; one row on the
+// GEMV's interleaved copy where there is one, as PrepackedLinear.forward does.
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
+                            const torch::Tensor& gemv) {
+  if (x.size(0) == 1 && present(gemv)) return bf16_gemv(x, gemv, bias);
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const bool cast = packed.scalar_type() != x.scalar_type();
   torch::jit::Stack stack{cast ? x.to(packed.scalar_type()) : x, packed,
@@ -75,7 +80,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = &weights[l * kPerLayer];
     // Attention: qkv (T, (H + 2 KV) d) = q heads, k heads, v heads.
-    auto qkv = packed_linear(rms_norm(x, w[kInputNorm], eps, weight_f32), w[kQkv], w[kQkvBias]);
+    auto qkv = packed_linear(rms_norm(x, w[kInputNorm], eps, weight_f32), w[kQkv], w[kQkvBias], w[kQkvGemv]);
     auto qk = qkv.slice(1, 0, (H + KV) * d).view({T, H + KV, d});
     torch::Tensor q, k;
     if (present(w[kQNorm])) {
@@ -92,7 +97,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     v_caches[l].index_copy_(0, slot_mapping, v.to(v_caches[l].scalar_type()));
     auto attn = paged_decode(q.contiguous(), k_caches[l], v_caches[l], context_slots, col_starts[l], col_ends[l],
                              scale, softcap);
-    attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor());
+    attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor(), w[kDenseGemv]);
     // MLP: fc holds [fc | gate] (HF gate_proj | up_proj) rows, or [up | gate] when fused (Phi-3).
     torch::Tensor mlp_in;
     if (sandwich) {
@@ -102,9 +107,9 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
       x = x + attn;
       mlp_in = rms_norm(x, w[kPostNorm], eps, weight_f32);
     }
-    auto halves = packed_linear(mlp_in, w[kFc], torch::Tensor()).chunk(2, -1);
+    auto halves = packed_linear(mlp_in, w[kFc], torch::Tensor(), w[kFcGemv]).chunk(2, -1);
     auto hidden = fused_mlp ? halves[0] * activation(halves[1], dims[4]) : activation(halves[0], dims[4]) * halves[1];
-    auto mlp = packed_linear(hidden, w[kProj], torch::Tensor());
+    auto mlp = packed_linear(hidden, w[kProj], torch::Tensor(), w[kProjGemv]);
     x = x + (sandwich ? rms_norm(mlp, w[kPostMlpNorm], eps, weight_f32) : mlp);
   }
   return x;

@@ -4,19 +4,20 @@ decode_layers.cpp runs the ATen operations of backend/model/decoder.py's layers 
 so its output equals the Python layers' bit for bit; what it saves is Python: ~40 operator calls and 4-6 module
 calls per layer, about a quarter of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
 It serves decode steps run by the paged attention kernel (float32 queries on CPU) on oneDNN-prepacked linears
-(float32, or bfloat16 beside the float32 activations, with a bf16 KV pool); anything else (prefill chunks, quantized
+(float32, or bfloat16 beside the float32 activations, with a bf16 KV pool; one-row products on the GEMV's copies
+where PrepackedLinear holds them, as its forward does: bf16_gemv.py); anything else (prefill chunks, quantized
 linears, FP8 KV pools, other dtypes or devices) keeps the Python layers.
 """
 from __future__ import annotations
 
 import torch
 
+from backend.kernel_choices import DECODE_LAYERS
 from backend.model.causal_lm import CausalLM
 from backend.model.decoder import AttentionMetadata, DecoderLayer, RMSNorm
 from backend.model.kernels.build import load
 from backend.model.prepacked_linear import PrepackedLinear
 
-DECODE_LAYERS = ("auto", "python", "native")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_layers.cpp's activation codes
 _ABSENT = torch.empty(0)
 
@@ -70,17 +71,19 @@ class NativeDecodeLayers:
     @staticmethod
     def _layer_tensors(layer: DecoderLayer) -> list[torch.Tensor]:
         """decode_layers.cpp's per-layer order: input norm, qkv (+ bias), q / k norms, dense, post norm, pre / post
-        MLP norms, fc (fc | gate, or up | gate), proj; _ABSENT where the layer has none."""
+        MLP norms, fc (fc | gate, or up | gate), proj, then the GEMV's copies of qkv, dense, fc and proj; _ABSENT
+        where the layer has none."""
         attn, mlp = layer.attention, layer.mlp
 
         def norm(module: RMSNorm | None) -> torch.Tensor:
             return _ABSENT if module is None else module.weight.detach()
 
         fc = mlp.fc if mlp.fused else mlp.fc_gate
+        linears = (attn.qkv, attn.dense, fc, mlp.proj)
         return [norm(layer.input_layernorm), attn.qkv.packed, _ABSENT if attn.qkv.bias is None else attn.qkv.bias,
                 norm(attn.q_layernorm), norm(attn.k_layernorm), attn.dense.packed, norm(layer.post_layernorm),
                 norm(layer.pre_feedforward_layernorm), norm(layer.post_feedforward_layernorm), fc.packed,
-                mlp.proj.packed]
+                mlp.proj.packed, *(_ABSENT if lin.gemv is None else lin.gemv for lin in linears)]
 
     def __call__(self, x: torch.Tensor, meta: AttentionMetadata,
                  kv_layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

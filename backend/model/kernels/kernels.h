@@ -21,3 +21,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
 bool causal_prefill_available();
 torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const torch::Tensor& seqs, double scale);
+
+// bf16_gemv.cpp: a one-row bf16 linear over weights interleaved by bf16_gemv.py (AVX-512 BF16 CPUs).
+bool bf16_gemv_available();
+torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);

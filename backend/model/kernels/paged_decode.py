@@ -8,11 +8,11 @@ import logging
 
 import torch
 
+from backend.kernel_choices import ATTENTION_KERNELS
 from backend.model.kernels.build import KernelUnavailable, load
 
 log = logging.getLogger(__name__)
 
-ATTENTION_KERNELS = ("auto", "torch", "paged")
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,

@@ -17,6 +17,7 @@ from backend.engine.memory_plan import free_memory_bytes
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import Request
 from backend.model.config import kv_bytes_per_token, load_model_config
+from backend.model.kernels.bf16_gemv import unsupported as gemv_unsupported
 from backend.model.kernels.causal_prefill import unsupported as causal_prefill_unsupported
 from backend.model.loader import load_model
 from backend.model.prepacked_linear import (
@@ -28,6 +29,8 @@ from tests.conftest import random_prompts
 CPU = torch.device("cpu")
 UNAVAILABLE = bf16_linears_unavailable(CPU)
 needs_bf16 = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"bf16 linears: {UNAVAILABLE}")
+NO_GEMV = gemv_unsupported(CPU)
+needs_gemv = pytest.mark.skipif(NO_GEMV is not None, reason=f"bf16 GEMV: {NO_GEMV}")
 NO_KERNEL = causal_prefill_unsupported(16, torch.bfloat16, CPU)  # the fixtures: head size 16
 needs_causal_kernel = pytest.mark.skipif(NO_KERNEL is not None, reason=f"causal prefill kernel: {NO_KERNEL}")
 FAMILIES = ["llama3", "qwen2", "gemma2", "phi3_partial"]  # plain, qkv bias, soft caps + sandwich norms, partial rope
@@ -84,18 +87,22 @@ def test_log_probs_as_close_to_float32_as_hf_bfloat16(bf16_checkpoint, name, ker
 
 
 @needs_bf16
+@pytest.mark.parametrize("gemv", ["off", pytest.param("on", marks=needs_gemv)])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_engine_greedy_picks_float32_near_ties_only(bf16_checkpoint, name):
-    """The engine ("auto": bf16 linears here, compiled decode layers) generates greedily; under the float32
-    reference, every token it picked is the best one or within HF bfloat16's own error of it."""
+def test_engine_greedy_picks_float32_near_ties_only(bf16_checkpoint, name, gemv):
+    """The engine (bf16 linears here, compiled decode layers; the one-row GEMV on or off) generates greedily, the
+    second request stopping early so that the first decodes alone (one-row products) for its last 10 steps; under
+    the float32 reference, every token it picked is the best one or within HF bfloat16's own error of it."""
     hf_dir, ckpt = bf16_checkpoint(name)
     engine = LLMEngine(ckpt, EngineConfig(max_batch_size=4, max_num_tokens=64, max_input_len=48, max_seq_len=80,
-                                          tokens_per_block=8, device="cpu"))
+                                          tokens_per_block=8, device="cpu", decode_gemv=gemv))
     assert engine.runner.linear_kernel == "onednn" and engine.runner.native_layers is not None
     assert engine.runner.causal_prefill == (NO_KERNEL is None)  # both prompts prefill in one step: two ranges
     assert {m.dtype for m in engine.runner.model.modules() if isinstance(m, PrepackedLinear)} == {torch.bfloat16}
-    prompts, n = random_prompts([40, 12], 8192, seed=len(name) + 1), 16
-    got = engine.generate([Request(f"r{i}", p, SamplingParams(max_tokens=n)) for i, p in enumerate(prompts)])
+    assert engine.runner.decode_gemv == (gemv == "on")
+    prompts, lengths = random_prompts([40, 12], 8192, seed=len(name) + 1), (16, 6)
+    got = engine.generate([Request(f"r{i}", p, SamplingParams(max_tokens=n))
+                           for i, (p, n) in enumerate(zip(prompts, lengths))])
     reference, hf_bf16 = _hf(hf_dir, torch.float32), _hf(hf_dir, torch.bfloat16)
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([list(prompt) + got[f"r{i}"]])
@@ -171,3 +178,20 @@ def test_bfloat16_asked_for_on_a_float32_checkpoint(family_checkpoint):
     assert len(asked.generate([Request("r", prompt, SamplingParams(max_tokens=8))])["r"]) == 8
     auto = LLMEngine(ckpt, EngineConfig(**limits))
     assert {m.dtype for m in auto.runner.model.modules() if isinstance(m, PrepackedLinear)} == {torch.float32}
+
+
+@needs_bf16
+@needs_gemv
+def test_auto_takes_the_gemv_where_the_kv_cache_keeps_its_capacity(bf16_checkpoint, monkeypatch):
+    """The GEMV's weight copies are planned for: "auto" takes them only where the KV cache keeps the tokens it would
+    hold without them (made so here: copies of half the memory)."""
+    ckpt = bf16_checkpoint("llama3")[1]
+    limits = dict(max_batch_size=8, max_seq_len=64, max_input_len=32, tokens_per_block=8, device="cpu")
+    fraction = 4.5 * 64 * kv_bytes_per_token(load_model_config(ckpt)) / free_memory_bytes(CPU)  # ~4.5 sequences
+    monkeypatch.setattr(llm_engine, "gemv_copy_bytes", lambda model: free_memory_bytes(CPU) // 2)
+    roomy = LLMEngine(ckpt, EngineConfig(**limits))  # max_batch_size x max_seq_len is the limit
+    assert roomy.runner.decode_gemv and roomy.kv_plan.tokens == 8 * 64
+    tight = LLMEngine(ckpt, EngineConfig(**limits, kv_cache_free_mem_fraction=fraction))
+    assert not tight.runner.decode_gemv and 4 * 64 <= tight.kv_plan.tokens <= 5 * 64
+    asked = LLMEngine(ckpt, EngineConfig(**limits, kv_cache_free_mem_fraction=fraction, decode_gemv="on"))
+    assert asked.runner.decode_gemv and asked.kv_plan.tokens <= 3 * 64  # the copies' memory left the cache

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from backend.engine.config import EngineConfig
+from backend.model.kernels.bf16_gemv import unsupported as gemv_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
 from backend.model.loader import load_model
 from backend.model.prepacked_linear import bf16_linears_unavailable
@@ -49,10 +50,16 @@ def test_equal_to_the_python_layers_bit_for_bit(family_checkpoint, name, linear_
     """Float32 linears, and bf16 ones beside float32 activations (each side rounds x and widens y the same way)."""
     runner = _runner(family_checkpoint, name, linear_dtype=linear_dtype)
     assert runner.native_layers is not None
-    inputs = _decode_step([37, 1, 60, 24], ctx_start=[0, 0, 16, 8], seed=len(name))
+    _assert_layers_equal(runner, _decode_step([37, 1, 60, 24], ctx_start=[0, 0, 16, 8], seed=len(name)))
+
+
+def _assert_layers_equal(runner: ModelRunner, inputs: StepInputs, own_dtype: bool = False) -> None:
+    """The Python and the compiled layers on one decode step, each on its own copy of the same random KV pools
+    (float32, or the runner's pools' dtype): the same output and the same pools, bit for bit."""
     input_ids, meta, _ = model_step_tensors(runner.model, inputs, CPU, paged_decode=True)
     g = torch.Generator().manual_seed(7)
-    pools = [(torch.randn(k.shape, generator=g), torch.randn(v.shape, generator=g)) for k, v in runner.kv.layers]
+    pools = [tuple(torch.randn(p.shape, generator=g).to(p.dtype if own_dtype else torch.float32) for p in pair)
+             for pair in runner.kv.layers]
     mine = [(k.clone(), v.clone()) for k, v in pools]
     with torch.inference_mode():
         x = runner.model.embed(input_ids)
@@ -90,3 +97,15 @@ def test_the_config_refuses_what_cannot_run():
         EngineConfig(decode_layers="native", linear_kernel="torch")
     with pytest.raises(ValueError, match="decode_layers 'native' runs on CPU only"):
         EngineConfig(decode_layers="native", device="cuda")
+
+
+@pytest.mark.skipif(gemv_unsupported(CPU) is not None or bf16_linears_unavailable(CPU) is not None,
+                    reason=f"bf16 GEMV: {gemv_unsupported(CPU) or bf16_linears_unavailable(CPU)}")
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "gemma2", "phi3_partial"])
+def test_one_sequence_on_the_gemv_bit_for_bit(family_checkpoint, name):
+    """A batch-1 decode step with bf16 linears on the one-row GEMV (backend/model/kernels/bf16_gemv.py): the compiled
+    layers call the same kernel on the same copies as the Python layers."""
+    runner = _runner(family_checkpoint, name, linear_dtype=torch.bfloat16, decode_gemv="on")
+    assert runner.decode_gemv and runner.native_layers is not None
+    assert all(t.numel() > 0 for t in runner.native_layers.weights[11::15])  # the qkv GEMV copy of every layer
+    _assert_layers_equal(runner, _decode_step([37], ctx_start=[8], seed=len(name)), own_dtype=True)  # bf16 pools

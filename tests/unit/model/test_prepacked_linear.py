@@ -101,14 +101,6 @@ def test_gather_equals_advanced_indexing_for_float_and_fp8_pools():
     torch.testing.assert_close(gather(pool, slots), pool[slots], rtol=0, atol=0)
 
 
-def test_the_config_and_the_model_name_the_same_kernels():
-    """backend.engine.config cannot import the model layer, so both name the kernels: they must agree."""
-    from backend.engine import config
-    from backend.model import prepacked_linear
-
-    assert config.LINEAR_KERNELS == prepacked_linear.LINEAR_KERNELS
-
-
 @pytest.mark.parametrize("value, crashes", [("0", True), ("abc", True), ("", True), (" 0", True), ("1024", False),
                                             ("-1", False), (" 7x", False)])
 def test_an_lru_cache_capacity_that_reads_as_zero_is_refused(value, crashes, monkeypatch, caplog):

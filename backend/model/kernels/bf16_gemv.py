@@ -1,0 +1,61 @@
+"""One-row bf16 linears (batch-1 decode steps) on an AVX-512 BF16 GEMV over interleaved weights (bf16_gemv.cpp).
+
+The Python side: the weights' layout, the call, and where it applies. A batch-1 decode step's linears are reads of
+their weights; oneDNN's bf16 kernel reads them at about half the memory's read rate on the development CPU, this
+kernel at the read rate (perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one
+stays for every product of more than one row), so EngineConfig.decode_gemv's "auto" takes it only where the KV
+cache keeps its capacity with that copy in memory (backend/engine/llm_engine.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from backend.kernel_choices import DECODE_GEMV
+from backend.model.kernels.build import avx512_bf16_missing, load
+
+ROWS, CHUNK = 4, 32  # bf16_gemv.cpp's kRows, kChunk
+
+
+def interleaved_width(k: int) -> int:
+    """The interleaved copy's row width for K input features: K padded to whole 32-value chunks."""
+    return -(-k // CHUNK) * CHUNK
+
+
+def interleave(w: torch.Tensor) -> torch.Tensor:
+    """w (N, K) -> (N, K padded to 32) bf16 holding bf16_gemv.cpp's layout: rows in blocks of ROWS (the last block:
+    the rest), each block [K/32][rows][32], so that a block is read in order. Padded columns are zero."""
+    n, k = w.shape
+    kp = interleaved_width(k)
+    w = torch.nn.functional.pad(w.detach().to(torch.bfloat16), (0, kp - k))
+    full = n // ROWS * ROWS
+    parts = [w[:full].reshape(n // ROWS, ROWS, kp // CHUNK, CHUNK).transpose(1, 2).reshape(-1)]
+    if full < n:
+        parts.append(w[full:].reshape(n - full, kp // CHUNK, CHUNK).transpose(0, 1).reshape(-1))
+    return torch.cat(parts).view(n, kp)
+
+
+def bf16_gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (1, K) float32 -> (1, N) float32: bf16(bf16(x) W^T + bias) widened, W given interleaved (`packed`)."""
+    return load().bf16_gemv(x, packed, torch.empty(0) if bias is None else bias)
+
+
+def unsupported(device: torch.device | str) -> str | None:
+    """Why the GEMV cannot run here (None: it can)."""
+    if torch.device(device).type != "cpu":
+        return f"the bf16 GEMV runs on CPU only, not on {device}"
+    return avx512_bf16_missing("bf16 GEMV", "bf16_gemv_available")
+
+
+def resolve_decode_gemv(choice: str, device: torch.device | str, linear_dtype: torch.dtype | None) -> bool:
+    """Whether one-row bf16 linears take the GEMV. linear_dtype: the prepacked linears' dtype beside float32
+    activations (None: the checkpoint's, which the GEMV does not serve). "on" where it cannot run raises ValueError
+    naming why; "auto" -> where it runs."""
+    if choice not in DECODE_GEMV:
+        raise ValueError(f"decode_gemv must be one of {DECODE_GEMV}, got {choice!r}")
+    if choice == "off":
+        return False
+    reason = (f"the linears compute in the checkpoint's dtype, not in bfloat16 beside float32 activations"
+              if linear_dtype != torch.bfloat16 else unsupported(device))
+    if choice == "on" and reason is not None:
+        raise ValueError(f"decode_gemv 'on' is unavailable: {reason}")
+    return reason is None

@@ -1,0 +1,138 @@
+"""The one-row bf16 GEMV (backend/model/kernels/bf16_gemv.cpp / .py): its layout, its products against the exact
+product of the bf16-rounded operands and against oneDNN's bf16 linear (what it stands in for), PrepackedLinear's
+choice of it (one row only), the bytes its copies take, and every choice that cannot run refused with its reason."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.engine.config import EngineConfig
+from backend.model.kernels import bf16_gemv as gemv_module
+from backend.model.kernels.bf16_gemv import (
+    ROWS, bf16_gemv, interleave, interleaved_width, resolve_decode_gemv, unsupported)
+from backend.model.prepacked_linear import PrepackedLinear, bf16_linears_unavailable, gemv_copy_bytes, prepack_linears
+
+CPU = torch.device("cpu")
+NO_GEMV = unsupported(CPU) or bf16_linears_unavailable(CPU)
+needs_gemv = pytest.mark.skipif(NO_GEMV is not None, reason=f"bf16 GEMV: {NO_GEMV}")
+# (out, in): a full block, row and column tails, fewer rows than a block, the 125M model's proj, a vocabulary
+SHAPES = [(16, 32), (37, 70), (5, 3), (768, 3072), (1000, 96)]
+
+
+def _operands(n: int, k: int, bias: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+    b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+    return w, b, torch.randn(1, k, generator=g)
+
+
+def test_the_interleaved_layout():
+    """Rows in blocks of ROWS, the last block the rest; each block's rows 32 values at a time; columns padded with 0."""
+    n, k = 4 * ROWS + 3, 70
+    w = torch.arange(1, n * k + 1, dtype=torch.int16).view(torch.bfloat16).view(n, k)  # every value's bits distinct
+    packed = interleave(w)
+    assert packed.shape == (n, interleaved_width(k)) == (n, 96)
+    flat, padded = packed.reshape(-1).view(torch.int16), F.pad(w, (0, 96 - k)).view(torch.int16)
+    for row in range(n):
+        for col in range(96):
+            block, r = divmod(row, ROWS)
+            rows = min(ROWS, n - ROWS * block)
+            offset = block * ROWS * 96 + (col // 32) * rows * 32 + r * 32 + col % 32
+            assert flat[offset] == padded[row, col], (row, col)
+
+
+@needs_gemv
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_products_within_bf16_rounding_of_the_exact_ones(n, k, bias):
+    """y = bf16(bf16(x) W^T + b): off the exact (float64) product of the rounded operands by the final rounding to
+    bf16 (half a step: at most 2^-8 relative) plus float32 summation error."""
+    w, b, x = _operands(n, k, bias, seed=n + k)
+    got = bf16_gemv(x, interleave(w), b)
+    exact = x.to(torch.bfloat16).double() @ w.double().T + (0 if b is None else b.double())
+    assert got.shape == (1, n) and got.dtype == torch.float32
+    assert torch.equal(got, got.to(torch.bfloat16).float())  # rounded to bf16
+    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
+
+
+@needs_gemv
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_as_onednn_up_to_the_rounding_of_ties(n, k):
+    """oneDNN's bf16 linear (PrepackedLinear without the GEMV) rounds the same float32 sums summed in another order:
+    the results are equal but where a sum lies at a rounding boundary, then one bf16 step apart."""
+    w, b, x = _operands(n, k, True, seed=n * k)
+    onednn, ours = PrepackedLinear(w, b, torch.bfloat16)(x), bf16_gemv(x, interleave(w), b)
+    step = onednn.abs() * 2 ** -7 + 1e-30
+    assert ((ours - onednn).abs() <= step).all()
+    assert (ours == onednn).float().mean() >= 0.99
+
+
+@needs_gemv
+def test_prepacked_linear_takes_it_for_one_row_only(monkeypatch):
+    w, b, _ = _operands(160, 96, True, seed=1)
+    with_gemv, plain = PrepackedLinear(w, b, torch.bfloat16, gemv=True), PrepackedLinear(w, b, torch.bfloat16)
+    calls = []
+    monkeypatch.setattr("backend.model.prepacked_linear.bf16_gemv", lambda *a: calls.append(a) or bf16_gemv(*a))
+    one, many = torch.randn(1, 96), torch.randn(5, 96)
+    assert torch.equal(with_gemv(one), bf16_gemv(one, with_gemv.gemv, b)) and len(calls) == 1
+    assert torch.equal(with_gemv(many), plain(many)) and len(calls) == 1  # oneDNN's packed copy serves 5 rows
+    assert torch.equal(with_gemv(one.to(torch.bfloat16)), plain(one.to(torch.bfloat16)))  # bf16 input: oneDNN's
+    assert "gemv=True" in repr(with_gemv)
+
+
+@needs_gemv
+def test_the_copies_bytes():
+    class Mlp(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.gate, self.proj = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False), nn.Linear(40, 8)
+            self.fc_gate = torch.cat([self.fc.weight, self.gate.weight]).detach()
+
+    model = Mlp()
+    expected = gemv_copy_bytes(model)
+    assert expected == (32 * 32 + 8 * 64) * 2  # fc_gate (32, 8 -> 32 wide) and proj (8, 40 -> 64 wide); fc / gate fused
+    prepack_linears(model, torch.bfloat16, gemv=True)
+    held = [m.gemv for m in model.modules() if isinstance(m, PrepackedLinear) and m.gemv is not None]
+    assert sum(t.numel() * t.element_size() for t in held) == expected and len(held) == 2
+
+
+@needs_gemv
+def test_the_kernel_refuses_what_it_cannot_read():
+    w, b, x = _operands(37, 70, True, seed=3)
+    packed = interleave(w)
+    with pytest.raises(RuntimeError, match=r"bf16_gemv: x \(1, K\) float32"):
+        bf16_gemv(torch.randn(2, 70), packed, b)
+    with pytest.raises(RuntimeError, match="bf16_gemv: x has 20 columns, the weight 96"):
+        bf16_gemv(torch.randn(1, 20), packed, b)
+    with pytest.raises(RuntimeError, match=r"bf16_gemv: bias \(N,\) bfloat16"):
+        bf16_gemv(x, packed, b[:5])
+    with pytest.raises(RuntimeError, match="bf16_gemv: packed"):
+        bf16_gemv(x, w, b)  # not padded to 32 columns
+
+
+def test_where_it_is_chosen(monkeypatch):
+    with pytest.raises(ValueError, match="decode_gemv must be one of"):
+        resolve_decode_gemv("fast", CPU, torch.bfloat16)
+    assert resolve_decode_gemv("off", CPU, torch.bfloat16) is False
+    assert resolve_decode_gemv("auto", CPU, None) is False  # float32 linears keep oneDNN
+    with pytest.raises(ValueError, match="decode_gemv 'on' is unavailable: the linears compute in the checkpoint's"):
+        resolve_decode_gemv("on", CPU, None)
+    with pytest.raises(ValueError, match="the one-row GEMV serves bfloat16 linears, not torch.float32"):
+        PrepackedLinear(torch.randn(4, 8), None, torch.float32, gemv=True)
+    monkeypatch.setattr(gemv_module, "unsupported", lambda device: "the bf16 GEMV needs AVX-512 BF16")
+    assert resolve_decode_gemv("auto", CPU, torch.bfloat16) is False
+    with pytest.raises(ValueError, match="decode_gemv 'on' is unavailable: the bf16 GEMV needs AVX-512 BF16"):
+        resolve_decode_gemv("on", CPU, torch.bfloat16)
+    monkeypatch.setattr(gemv_module, "unsupported", lambda device: None)
+    assert resolve_decode_gemv("auto", CPU, torch.bfloat16) is True
+    assert "CPU only" in unsupported("meta")
+
+
+def test_the_config_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="decode_gemv must be one of"):
+        EngineConfig(decode_gemv="yes")
+    for other in (dict(linear_kernel="torch"), dict(linear_dtype="checkpoint"), dict(device="cuda")):
+        with pytest.raises(ValueError, match="decode_gemv 'on' serves bf16 linears on oneDNN on CPU"):
+            EngineConfig(decode_gemv="on", **other)
