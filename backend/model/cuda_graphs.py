@@ -74,11 +74,15 @@ def pad_decode_step(inputs: StepInputs, batch: int, width: int, scratch_slot: in
                       prompt_len=pad(inputs.prompt_len, 1), total_len=pad(inputs.total_len, 1))
 
 
+# The decode metadata's tensor fields a graph owns copies of (besides the masks): one list for the copies made at
+# capture and the copies into them at each replay, so that the two cannot drift apart.
+_FIELDS = ("slot_mapping", "query_index", "query_flat", "context_slots", "cos", "sin_signed")
+
+
 def _tensors(meta: AttentionMetadata) -> list[torch.Tensor]:
-    """A decode step's metadata tensors in a fixed order (masks by window, None last)."""
+    """A decode step's metadata tensors in a fixed order (_FIELDS, then the masks by window, None last)."""
     masks = [meta.masks[w] for w in sorted(meta.masks, key=lambda w: (w is None, w or 0))]
-    return [meta.slot_mapping, meta.query_index, meta.query_flat, meta.context_slots, *masks, meta.cos,
-            meta.sin_signed]
+    return [*(getattr(meta, name) for name in _FIELDS), *masks]
 
 
 def _check_graphable(meta: AttentionMetadata) -> None:
@@ -166,10 +170,9 @@ def _static_copy(input_ids: torch.Tensor, meta: AttentionMetadata,
                  scratch_slot: int) -> tuple[torch.Tensor, AttentionMetadata]:
     """Copies of a step's tensors for a graph to own, every K/V write pointed at the scratch slot: the warm-up runs
     before capturing execute, and must not touch a sequence's cache. Each replay copies the real step in."""
-    return input_ids.clone(), dataclasses.replace(
-        meta, slot_mapping=torch.full_like(meta.slot_mapping, scratch_slot), query_index=meta.query_index.clone(),
-        query_flat=meta.query_flat.clone(), context_slots=meta.context_slots.clone(),
-        masks={w: m.clone() for w, m in meta.masks.items()}, cos=meta.cos.clone(), sin_signed=meta.sin_signed.clone())
+    owned = {name: getattr(meta, name).clone() for name in _FIELDS}
+    owned["slot_mapping"].fill_(scratch_slot)
+    return input_ids.clone(), dataclasses.replace(meta, **owned, masks={w: m.clone() for w, m in meta.masks.items()})
 
 
 def resolve_cuda_graphs(mode: str, device: torch.device) -> bool:
