@@ -5,8 +5,8 @@
 // Why: at one row a linear is a read of its weights. oneDNN's bf16 kernel reads its packed weights at ~20 GB/s on
 // the development CPU, where a plain read runs at 28-38 GB/s; this kernel reads W interleaved (bf16_gemv.py's
 // interleave: rows in blocks of 4, the last block the remaining rows, each block's rows 32 values at a time,
-// [K/32][rows][32]), so each thread's share is one sequential stream and runs at the read rate (perf/ISSUE16.md:
-// 1.5-1.95x oneDNN's kernel on the 125M model's layers). AVX-512 BF16 only (VDPBF16PS); elsewhere
+// [K/32][rows][32]), so each thread's share is one sequential stream, read at ~0.9x a plain read (perf/ISSUE16.md,
+// the 125M model's layers from DRAM). AVX-512 BF16 only (VDPBF16PS); elsewhere
 // bf16_gemv_available() is false and oneDNN keeps every linear.
 #include "kernels.h"
 

@@ -1,8 +1,8 @@
 """One-row bf16 linears (batch-1 decode steps) on an AVX-512 BF16 GEMV over interleaved weights (bf16_gemv.cpp).
 
 The Python side: the weights' layout, the call, and where it applies. A batch-1 decode step's linears are reads of
-their weights; oneDNN's bf16 kernel reads them at about half the memory's read rate on the development CPU, this
-kernel at the read rate (perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one
+their weights; oneDNN's bf16 kernel reads them at about two thirds of the memory's read rate on the development CPU,
+this kernel at about 0.9 of it (perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one
 stays for every product of more than one row), so EngineConfig.decode_gemv's "auto" takes it only where the KV
 cache keeps its capacity with that copy in memory (backend/engine/llm_engine.py).
 """
@@ -14,6 +14,7 @@ from backend.kernel_choices import DECODE_GEMV
 from backend.model.kernels.build import avx512_bf16_missing, load
 
 ROWS, CHUNK = 4, 32  # bf16_gemv.cpp's kRows, kChunk
+_NO_BIAS = torch.empty(0)  # the kernel's "no bias", made once: the call sits on the decode step's hot path
 
 
 def interleaved_width(k: int) -> int:
@@ -36,7 +37,7 @@ def interleave(w: torch.Tensor) -> torch.Tensor:
 
 def bf16_gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x (1, K) float32 -> (1, N) float32: bf16(bf16(x) W^T + bias) widened, W given interleaved (`packed`)."""
-    return load().bf16_gemv(x, packed, torch.empty(0) if bias is None else bias)
+    return load().bf16_gemv(x, packed, _NO_BIAS if bias is None else bias)
 
 
 def unsupported(device: torch.device | str) -> str | None:
