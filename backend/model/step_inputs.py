@@ -71,6 +71,44 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
     `windows`: the distinct sliding windows of the model's layers (None: full attention), one mask each.
     `paged_decode`: a decode step gets each window's column ranges for the paged kernel (decode_columns).
     `causal_prefill`: a step with causal windows gets each sequence's token range for that kernel (causal_seqs)."""
+    if inputs.tokens.numel() == inputs.start.numel() and bool((inputs.end - inputs.start == 1).all()):
+        return _decode_tensors(inputs, rotary, windows, dtype, device, paged_decode)
+    return _step_tensors(inputs, rotary, windows, dtype, device, paged_decode, causal_prefill)
+
+
+def _decode_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int | None], dtype: torch.dtype,
+                    device: torch.device, paged_decode: bool) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """_step_tensors' result for a decode step (one new token per sequence: T == B, Q == 1), from the formulas that
+    case reduces to (token b is sequence b's, at position start; it sees its context columns up to end): the same
+    tensors (tests/unit/model/test_step_inputs.py) in a third of the time (~95 us instead of ~285 for 16 sequences
+    on the development CPU, 4 % of the demo model's batch-16 step; perf/ISSUE16.md)."""
+    start, end, ctx_slots, ctx0 = inputs.start, inputs.end, inputs.context_slots, inputs.ctx_start
+    B, L = ctx_slots.shape
+    key_pos = ctx0[:, None] + torch.arange(L)  # (B, L) position held by each context column
+    causal = (key_pos < end[:, None])[:, None, None, :]  # (B, 1, 1, L): the query at start sees keys < end
+    masks = {w: (causal if w is None else causal & (key_pos > (start - w)[:, None])[:, None, None, :]).to(device)
+             for w in windows}
+    cos, sin = rotary.cos_sin(start, inputs.prompt_len, inputs.total_len)
+    flat = torch.arange(B)  # token b is sequence b's only one
+    meta = AttentionMetadata(
+        slot_mapping=ctx_slots.gather(1, (start - ctx0)[:, None])[:, 0].to(device),
+        query_index=flat[:, None].to(device),
+        query_flat=flat.to(device),
+        context_slots=ctx_slots.to(device),
+        masks=masks,
+        cos=cos.to(dtype),
+        sin_signed=signed_sin(sin.to(dtype)),
+        decode_only=True,
+    )
+    if paged_decode:
+        meta.decode_columns = _decode_columns(end - ctx0, windows, device)
+    return inputs.tokens.to(device), meta, flat[inputs.sampled.bool()].to(device)
+
+
+def _step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int | None], dtype: torch.dtype,
+                  device: torch.device, paged_decode: bool,
+                  causal_prefill: bool) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """step_tensors for any step: prompts, chunks, decode tokens, mixed."""
     start, end, ctx_slots, ctx0 = inputs.start, inputs.end, inputs.context_slots, inputs.ctx_start
     q_len = end - start
     B, L = ctx_slots.shape

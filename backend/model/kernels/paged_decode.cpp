@@ -6,7 +6,10 @@
 // layer reads), then runs SDPA on the copy. Here each sequence reads its context rows where they lie in the pool,
 // scores every query head against each row (eight rows at a time with AVX2), softmaxes in float32 and sums the V
 // rows: the same bytes read once, no copy, no mask tensor. About a third of the torch path's time for the demo
-// model's and a 125M Llama's decode shapes (perf/ISSUE16.md). Built by backend/model/kernels/build.py.
+// model's and a 125M Llama's decode shapes (perf/ISSUE16.md). The query heads that share a KV head share its
+// loads: two heads score each K chunk together, and the V rows are weighed KV head by KV head with the sums in
+// registers (0.55-0.75x the per-head loops' time at those shapes, the same bits; perf/probes/paged_decode_ab.py).
+// Built by backend/model/kernels/build.py.
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
@@ -80,6 +83,38 @@ inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {
   _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 constexpr bool kHaveDot8 = true;
+
+#if defined(__AVX512F__)
+// dot8 for two query heads of one KV head at once: each K chunk is loaded (and a bf16 one widened) once for both.
+// Each head's eight FMA chains and its hadd tree are dot8's, so each out[] is bit for bit what dot8 gives. 19 of the
+// 32 vector registers AVX-512 gives (16 AVX2 alone would spill): AVX-512 machines only.
+template <typename T>
+inline void dot8x2(const float* qa, const float* qb, const T* const* rows, int64_t D, float* outa, float* outb) {
+  __m256 a[8], b[8];
+  for (int r = 0; r < 8; ++r) a[r] = b[r] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qda = _mm256_loadu_ps(qa + d), qdb = _mm256_loadu_ps(qb + d);
+    for (int r = 0; r < 8; ++r) {
+      const __m256 k = load8(rows[r] + d);
+      a[r] = _mm256_fmadd_ps(qda, k, a[r]);
+      b[r] = _mm256_fmadd_ps(qdb, k, b[r]);
+    }
+  }
+  for (int which = 0; which < 2; ++which) {
+    const __m256* acc = which == 0 ? a : b;
+    const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+    _mm256_storeu_ps(which == 0 ? outa : outb, _mm256_add_ps(lo, hi));
+  }
+}
+constexpr bool kHaveDot8x2 = true;
+#else
+template <typename T>
+inline void dot8x2(const float*, const float*, const T* const*, int64_t, float*, float*) {}  // not called
+constexpr bool kHaveDot8x2 = false;
+#endif
 #else
 template <typename T>
 inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {  // not called: kHaveDot8
@@ -87,6 +122,9 @@ inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) { 
   for (int r = 0; r < 8; ++r) out[r] = dot(q, as_float(rows[r], D, buf.data()), D);
 }
 constexpr bool kHaveDot8 = false;
+template <typename T>
+inline void dot8x2(const float*, const float*, const T* const*, int64_t, float*, float*) {}  // not called
+constexpr bool kHaveDot8x2 = false;
 #endif
 
 // y += p * x over n elements (the compiler contracts it to FMAs: -march=native, GCC's default -ffp-contract=fast).
@@ -129,6 +167,71 @@ inline float exp_nonpositive(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return x < -87.f ? 0.f : p * scale;
+}
+
+#if defined(__AVX512F__)
+// out (HS heads x DC * 16 columns) = sum over the n rows, in order, of p[h][j] * v_j: one FMA per element per row
+// starting from zero, as axpy accumulates (so the same values), with the HS x DC accumulators in registers and each
+// V chunk loaded (widened) once for the HS query heads that share its KV head. p: HS rows of n probabilities,
+// stride n; vrow(j): row j's first element of this KV head's column chunk.
+template <typename T, int HS, int DC, typename RowAt>
+inline void accumulate_block(const float* p, int64_t n, RowAt vrow, float* out, int64_t out_stride) {
+  __m512 acc[HS][DC];
+  for (int h = 0; h < HS; ++h)
+    for (int c = 0; c < DC; ++c) acc[h][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const T* v = vrow(j);
+    __m512 vv[DC];
+    for (int c = 0; c < DC; ++c) vv[c] = load16(v + 16 * c);
+    for (int h = 0; h < HS; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h * n + j]);
+      for (int c = 0; c < DC; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < HS; ++h)
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(out + h * out_stride + 16 * c, acc[h][c]);
+}
+
+template <typename T, int HS, typename RowAt>
+inline void accumulate_heads(const float* p, int64_t n, int64_t dc, RowAt vrow, float* out, int64_t out_stride) {
+  switch (dc) {
+    case 1: accumulate_block<T, HS, 1>(p, n, vrow, out, out_stride); break;
+    case 2: accumulate_block<T, HS, 2>(p, n, vrow, out, out_stride); break;
+    case 3: accumulate_block<T, HS, 3>(p, n, vrow, out, out_stride); break;
+    default: accumulate_block<T, HS, 4>(p, n, vrow, out, out_stride); break;
+  }
+}
+#endif
+
+// acc (H, D) = probabilities (H, n) times the V rows, per query head: each element summed over the rows in order
+// with one FMA per row (axpy's arithmetic, whatever the vector width: fused multiply-adds round once, so the result
+// does not depend on how the elements are grouped). With AVX-512 and D a multiple of 16: KV head by KV head, two
+// query heads and up to 64 columns at a time in registers (perf/ISSUE16.md: the per-head axpy loaded and stored
+// its accumulators for every row).
+template <typename T>
+void weigh_values(const float* probs, const T* vp, const int64_t* rows, int64_t n, int64_t H, int64_t G, int64_t D,
+                  int64_t row, float* acc) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    for (int64_t h0 = 0; h0 < H; h0 += std::min<int64_t>(2, G - h0 % G)) {
+      const int64_t hs = std::min<int64_t>(2, G - h0 % G);  // heads h0.. of one KV head
+      const int64_t off = (h0 / G) * D;
+      for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int64_t dc = std::min<int64_t>(64, D - d0) / 16;
+        auto vrow = [&](int64_t j) { return vp + rows[j] * row + off + d0; };
+        if (hs == 2) accumulate_heads<T, 2>(probs + h0 * n, n, dc, vrow, acc + h0 * D + d0, D);
+        else accumulate_heads<T, 1>(probs + h0 * n, n, dc, vrow, acc + h0 * D + d0, D);
+      }
+    }
+    return;
+  }
+#endif
+  std::fill(acc, acc + H * D, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + 4 < n) __builtin_prefetch(vp + rows[j + 4] * row);
+    const T* v = vp + rows[j] * row;
+    for (int64_t h = 0; h < H; ++h) axpy(probs[h * n + j], v + (h / G) * D, acc + h * D, D);
+  }
 }
 
 // scores (rows, n) -> softmax per row, in place.
@@ -177,17 +280,23 @@ void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const to
       int64_t j = 0;
       if (kHaveDot8 && D % 8 == 0) {  // eight rows at a time
         const T* k8[8];
-        float s8[8];
+        float s8[8], s8b[8];
         for (; j + 8 <= n; j += 8) {
           for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
           if (j + 16 <= n) __builtin_prefetch(kp + rows[j + 8] * row);
-          for (int64_t h = 0; h < H; ++h) {
-            const float* q = qb + h * D;
+          for (int64_t h = 0; h < H;) {
             const int64_t off = (h / G) * D;
             const T* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
                               k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
-            dot8(q, kh, D, s8);
-            for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r];
+            if (kHaveDot8x2 && h + 1 < H && (h + 1) / G == h / G) {  // two heads of this KV head: K read once
+              dot8x2(qb + h * D, qb + (h + 1) * D, kh, D, s8, s8b);
+              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r], scores[(h + 1) * n + j + r] = s8b[r];
+              h += 2;
+            } else {
+              dot8(qb + h * D, kh, D, s8);
+              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r];
+              h += 1;
+            }
           }
         }
       }
@@ -200,12 +309,7 @@ void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const to
         scores[i] = cap > 0.f ? std::tanh(s / cap) * cap : s;
       }
       softmax_rows(scores.data(), H, n);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        if (j + 4 < n) __builtin_prefetch(vp + rows[j + 4] * row);
-        const T* v = vp + rows[j] * row;
-        for (int64_t h = 0; h < H; ++h) axpy(scores[h * n + j], v + (h / G) * D, acc.data() + h * D, D);
-      }
+      weigh_values(scores.data(), vp, rows, n, H, G, D, row, acc.data());
       std::copy(acc.begin(), acc.end(), op + b * H * D);
     }
   });

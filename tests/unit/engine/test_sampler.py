@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.sampler import sample
+from backend.engine.sampler import argmax_rows, sample
 from backend.engine.sampling_params import SamplingParams
 from backend.errors import InvalidRequestError
 
@@ -38,6 +38,32 @@ def test_greedy_is_argmax_per_row(make_seq):
     seqs = [make_seq(f"r{i}") for i in range(3)]
     assert [r.token for r in sample(logits, seqs)] == logits.argmax(dim=-1).tolist()
     assert all(r.log_prob is None for r in sample(logits, seqs))
+
+
+def _hostile_rows(vocab: int) -> torch.Tensor:
+    """Rows whose argmax is easy to get wrong: ties (first wins), NaN (torch takes the first NaN as the maximum),
+    every value -inf, +inf beside ties, the maximum at either end, random values."""
+    rows = torch.randn(9, vocab, generator=torch.Generator().manual_seed(2))
+    rows[0, [i % vocab for i in (3, 7, vocab - 1)]] = 50.0
+    rows[1, [(vocab - 1) // 2, vocab - 1]] = float("nan")
+    rows[2] = float("-inf")
+    rows[3, [i % vocab for i in (1, 2)]] = float("inf")
+    rows[4, 0] = 99.0
+    rows[5, vocab - 1] = 99.0
+    rows[6] = 0.0
+    return rows
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 50, 8192, 128_256])
+def test_argmax_rows_is_torchs_argmax(vocab):
+    rows = _hostile_rows(vocab)
+    assert argmax_rows(rows) == rows.argmax(dim=-1).tolist()
+    assert argmax_rows(rows.double()) == rows.argmax(dim=-1).tolist()
+    wide = torch.cat([rows, rows], dim=1)[:, vocab:]  # a strided view, as a slice of a step's logits can be
+    assert argmax_rows(wide) == wide.argmax(dim=-1).tolist()
+    with torch.inference_mode():  # the engine's logits are inference tensors
+        assert argmax_rows(rows.clone()) == rows.argmax(dim=-1).tolist()
+    assert argmax_rows(rows.bfloat16()) == rows.bfloat16().argmax(dim=-1).tolist()
 
 
 @pytest.mark.parametrize("options", [{"top_k": 1, "temperature": 1.5}, {"temperature": 0.0, "top_k": 5},

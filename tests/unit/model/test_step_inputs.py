@@ -2,12 +2,13 @@
 slots, per-window masks, per-token rotary state)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.model.decoder import signed_sin
 from backend.model.rope import RopeSpec
 from backend.model.rotary import RotaryEmbedding
-from backend.model.step_inputs import StepInputs, step_tensors
+from backend.model.step_inputs import StepInputs, _decode_tensors, _step_tensors, step_tensors
 
 ROTARY = RotaryEmbedding(RopeSpec("default", 10000.0, 8, 32), torch.device("cpu"))
 
@@ -96,3 +97,56 @@ def test_a_step_mixing_decodes_and_prompts_gets_one_metadata_per_group():
                                        sampled=torch.ones(2), context_slots=torch.arange(6).view(2, 3)),
                          ROTARY, {None}, torch.float32, torch.device("cpu"))[1]
     assert fresh.parts is None  # prompts only: one group
+
+
+ROPES = {
+    "default": RopeSpec("default", 10000.0, 8, 32),
+    "dynamic": RopeSpec("dynamic", 10000.0, 8, 32, {"factor": 2.0}),  # per-sequence NTK past 32 positions
+    "longrope": RopeSpec("longrope", 10000.0, 8, 512, {"original_max_position_embeddings": 32,
+                                                      "short_factor": [1.0, 1.1, 1.3, 1.6],
+                                                      "long_factor": [1.0, 2.0, 4.0, 8.0]}),
+}
+
+
+def _random_decode_step(gen: torch.Generator, B: int) -> StepInputs:
+    """B sequences decoding one token each at random positions (some past 32: dynamic NTK and longrope's long set),
+    some with released blocks (ctx_start > 0), some not sampling, contexts of different widths padded."""
+    start = torch.randint(0, 60, (B,), generator=gen)
+    ctx_start = torch.where(torch.rand(B, generator=gen) < 0.3, start // 2, torch.zeros_like(start))
+    end = start + 1
+    width = int((end - ctx_start).max())
+    slots = torch.randint(0, 1000, (B, width), generator=gen)
+    return StepInputs(tokens=torch.randint(0, 100, (B,), generator=gen), start=start, end=end,
+                      sampled=(torch.rand(B, generator=gen) < 0.8).long(), context_slots=slots, ctx_start=ctx_start,
+                      prompt_len=torch.minimum(torch.randint(1, 40, (B,), generator=gen), end), total_len=end)
+
+
+def _assert_same_tensors(fast, general) -> None:
+    (ids, meta, index), (want_ids, want, want_index) = fast, general
+    assert torch.equal(ids, want_ids) and torch.equal(index, want_index)
+    for name in ("slot_mapping", "query_index", "query_flat", "context_slots", "cos", "sin_signed"):
+        got, expected = getattr(meta, name), getattr(want, name)
+        assert got.dtype == expected.dtype and torch.equal(got, expected), name
+    assert meta.masks.keys() == want.masks.keys()
+    assert all(torch.equal(meta.masks[w], want.masks[w]) for w in want.masks)
+    assert (meta.decode_only, meta.causal, meta.causal_seqs, meta.parts) == (True, want.causal, None, None)
+    assert want.decode_only and want.causal_seqs is None and want.parts is None
+    assert (meta.decode_columns is None) == (want.decode_columns is None)
+    for w, (first, stop) in (meta.decode_columns or {}).items():
+        assert torch.equal(first, want.decode_columns[w][0]) and torch.equal(stop, want.decode_columns[w][1])
+
+
+@pytest.mark.parametrize("rope", sorted(ROPES))
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_decode_steps_shortcut_builds_the_general_paths_tensors(rope, paged):
+    """step_tensors takes _decode_tensors for a decode step; every tensor it builds is the general path's, for
+    sliding windows, released blocks, sequences that do not sample and each rope's per-token state."""
+    gen = torch.Generator().manual_seed(len(rope) + paged)
+    rotary = RotaryEmbedding(ROPES[rope], torch.device("cpu"))
+    for B in (1, 2, 5, 16):
+        for _ in range(8):
+            inputs = _random_decode_step(gen, B)
+            args = (inputs, rotary, {None, 3, 16}, torch.float32, torch.device("cpu"), paged)
+            general = _step_tensors(*args, False)
+            _assert_same_tensors(_decode_tensors(*args), general)
+            _assert_same_tensors(step_tensors(*args), general)

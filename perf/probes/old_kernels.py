@@ -1,0 +1,29 @@
+"""The compiled kernels as they were at a git revision, built beside the current ones under another name, for
+side-by-side timings in one process (perf/probes/paged_decode_ab.py, perf/probes/decode_step_ab.py). A measurement
+aid, not a test."""
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from torch.utils import cpp_extension
+
+from backend.model.kernels.build import CFLAGS, SOURCES, ldflags
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS = "backend/model/kernels"
+
+
+def build_at(rev: str) -> ModuleType:
+    """Every kernel source (and kernels.h) of `rev`, compiled as its own extension."""
+    out = Path(tempfile.mkdtemp(prefix=f"kernels-{rev}-"))
+    for name in [Path(s).name for s in SOURCES] + ["kernels.h"]:
+        text = subprocess.run(["git", "show", f"{rev}:{KERNELS}/{name}"], cwd=REPO, check=True, capture_output=True,
+                              text=True).stdout
+        (out / name).write_text(text)
+    sources = [str(out / Path(s).name) for s in SOURCES]
+    safe = "".join(c if c.isalnum() else "_" for c in rev)
+    return cpp_extension.load(f"tritonllm_kernels_at_{safe}", sources, extra_cflags=list(CFLAGS),
+                              extra_ldflags=ldflags(), build_directory=str(out))

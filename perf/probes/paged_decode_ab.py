@@ -1,0 +1,70 @@
+"""The paged decode attention kernel now against the kernel at a git revision, in one process, rounds interleaved:
+the demo model's, a 125M Llama's and Llama 3 8B's decode shapes (16 sequences of 192 context rows in shuffled
+pool rows, and one), float32 and bfloat16 pools, 1 and 2 threads; outputs must be equal bit for bit. A measurement,
+not a test.
+
+    .venv/bin/python perf/probes/paged_decode_ab.py --base HEAD~1
+"""
+from __future__ import annotations
+
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from old_kernels import build_at  # noqa: E402
+
+from backend.model.kernels.build import load  # noqa: E402
+
+SHAPES = {  # name -> (sequences, heads, kv heads, head size, context rows)
+    "demo": (16, 8, 4, 32, 192), "125m": (16, 12, 4, 64, 192), "llama3-8b": (16, 32, 8, 128, 192),
+    "demo b1": (1, 8, 4, 32, 192),
+}
+
+
+def timed(kernel, args, calls: int) -> float:
+    for _ in range(calls // 10):
+        kernel.paged_decode(*args)
+    start = time.perf_counter()
+    for _ in range(calls):
+        kernel.paged_decode(*args)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="HEAD~1", help="the git revision whose kernel is the baseline")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    old, new = build_at(args.base), load()
+    for name, (B, H, KV, D, L) in SHAPES.items():
+        g = torch.Generator().manual_seed(0)
+        S = 16 * 256
+        for dtype in (torch.float32, torch.bfloat16):
+            k, v = (torch.randn(S, KV, D, generator=g).to(dtype) for _ in range(2))
+            q = torch.randn(B, H, D, generator=g)
+            slots = torch.stack([torch.randperm(S, generator=g)[:L] for _ in range(B)])
+            call = (q, k, v, slots, torch.zeros(B, dtype=torch.long), torch.full((B,), L), D ** -0.5, 0.0)
+            assert torch.equal(old.paged_decode(*call), new.paged_decode(*call)), (name, dtype)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                us = {"base": [], "now": []}
+                for _ in range(args.rounds):
+                    us["base"].append(timed(old, call, args.calls))
+                    us["now"].append(timed(new, call, args.calls))
+                base, now = statistics.median(us["base"]), statistics.median(us["now"])
+                print(f"{name:10s} {str(dtype)[6:]:9s} {threads} thread(s): {args.base} {base:7.1f} us, now "
+                      f"{now:7.1f} us, now / base {now / base:.2f} (equal outputs)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
