@@ -17,13 +17,18 @@ KERNELS = "backend/model/kernels"
 
 
 def build_at(rev: str) -> ModuleType:
-    """Every kernel source (and kernels.h) of `rev`, compiled as its own extension."""
-    out = Path(tempfile.mkdtemp(prefix=f"kernels-{rev}-"))
+    """Every kernel source (and kernels.h) of `rev`, compiled as its own extension (once per commit: the build
+    stays in the temporary directory)."""
+    commit = subprocess.run(["git", "rev-parse", rev], cwd=REPO, check=True, capture_output=True,
+                            text=True).stdout.strip()[:12]
+    out = Path(tempfile.gettempdir()) / f"tritonllm-kernels-{commit}"
+    out.mkdir(exist_ok=True)
     for name in [Path(s).name for s in SOURCES] + ["kernels.h"]:
         text = subprocess.run(["git", "show", f"{rev}:{KERNELS}/{name}"], cwd=REPO, check=True, capture_output=True,
                               text=True).stdout
-        (out / name).write_text(text)
+        path = out / name
+        if not path.exists() or path.read_text() != text:  # unchanged sources keep their build
+            path.write_text(text)
     sources = [str(out / Path(s).name) for s in SOURCES]
-    safe = "".join(c if c.isalnum() else "_" for c in rev)
-    return cpp_extension.load(f"tritonllm_kernels_at_{safe}", sources, extra_cflags=list(CFLAGS),
+    return cpp_extension.load(f"tritonllm_kernels_at_{commit}", sources, extra_cflags=list(CFLAGS),
                               extra_ldflags=ldflags(), build_directory=str(out))
