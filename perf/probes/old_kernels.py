@@ -3,6 +3,9 @@ side-by-side timings in one process (perf/probes/paged_decode_ab.py, perf/probes
 aid, not a test."""
 from __future__ import annotations
 
+import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede torch (backend/__init__.py)
+
+# isort: split
 import subprocess
 import tempfile
 from pathlib import Path
