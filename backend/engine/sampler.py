@@ -49,7 +49,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """logits (S, vocab) -> each row's first index of its maximum (a NaN counts as the maximum, as in torch).
-    On CPU through NumPy's vectorised argmax: torch's CPU argmax runs at ~1 value a nanosecond, 61 us for 16 rows of
+    On CPU through NumPy's vectorised argmax: torch's CPU argmax runs at ~2 values a nanosecond, 61 us for 16 rows of
     8,192 and 1.2 ms for 16 rows of Llama 3's 128,256 on the development CPU, NumPy's in 9 us / 131 us
     (perf/ISSUE16.md); the same answer, ties and NaN included (tests/unit/engine/test_sampler.py)."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
