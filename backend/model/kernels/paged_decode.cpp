@@ -65,8 +65,19 @@ inline __m512 load16(const at::BFloat16* p) {  // sixteen bf16 -> sixteen float3
 }
 #endif
 
+// The eight row sums of eight 8-wide FMA chains folded into one vector with horizontal adds: out[r] = the sum of
+// acc[r]'s lanes.
+inline void store_row_sums(const __m256* acc, float* out) {
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  // u0 = [r0 r1 r2 r3 | r0 r1 r2 r3] halves (low lanes, high lanes), u1 likewise for r4..r7
+  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
 // Eight rows' dot products with one query head, D a multiple of 8: one 8-wide FMA chain per row (eight chains side
-// by side), then the eight row sums folded into one vector with horizontal adds. out[r] = q . rows[r].
+// by side), then store_row_sums. out[r] = q . rows[r].
 template <typename T>
 inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {
   __m256 acc[8];
@@ -75,18 +86,21 @@ inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {
     const __m256 qd = _mm256_loadu_ps(q + d);
     for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qd, load8(rows[r] + d), acc[r]);
   }
-  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
-  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  // u0 = [r0 r1 r2 r3 | r0 r1 r2 r3] halves (low lanes, high lanes), u1 likewise for r4..r7
-  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+  store_row_sums(acc, out);
 }
 constexpr bool kHaveDot8 = true;
+#else
+template <typename T>
+inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {  // not called: kHaveDot8
+  std::vector<float> buf(D);
+  for (int r = 0; r < 8; ++r) out[r] = dot(q, as_float(rows[r], D, buf.data()), D);
+}
+constexpr bool kHaveDot8 = false;
+#endif
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__AVX512F__)
 // dot8 for two query heads of one KV head at once: each K chunk is loaded (and a bf16 one widened) once for both.
-// Each head's eight FMA chains and its hadd tree are dot8's, so each out[] is bit for bit what dot8 gives. 19 of the
+// Each head's eight FMA chains and its row sums are dot8's, so each out[] is bit for bit what dot8 gives. 19 of the
 // 32 vector registers AVX-512 gives (16 AVX2 alone would spill): AVX-512 machines only.
 template <typename T>
 inline void dot8x2(const float* qa, const float* qb, const T* const* rows, int64_t D, float* outa, float* outb) {
@@ -100,28 +114,11 @@ inline void dot8x2(const float* qa, const float* qb, const T* const* rows, int64
       b[r] = _mm256_fmadd_ps(qdb, k, b[r]);
     }
   }
-  for (int which = 0; which < 2; ++which) {
-    const __m256* acc = which == 0 ? a : b;
-    const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
-    const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-    _mm256_storeu_ps(which == 0 ? outa : outb, _mm256_add_ps(lo, hi));
-  }
+  store_row_sums(a, outa);
+  store_row_sums(b, outb);
 }
 constexpr bool kHaveDot8x2 = true;
 #else
-template <typename T>
-inline void dot8x2(const float*, const float*, const T* const*, int64_t, float*, float*) {}  // not called
-constexpr bool kHaveDot8x2 = false;
-#endif
-#else
-template <typename T>
-inline void dot8(const float* q, const T* const* rows, int64_t D, float* out) {  // not called: kHaveDot8
-  std::vector<float> buf(D);
-  for (int r = 0; r < 8; ++r) out[r] = dot(q, as_float(rows[r], D, buf.data()), D);
-}
-constexpr bool kHaveDot8 = false;
 template <typename T>
 inline void dot8x2(const float*, const float*, const T* const*, int64_t, float*, float*) {}  // not called
 constexpr bool kHaveDot8x2 = false;
@@ -213,8 +210,9 @@ void weigh_values(const float* probs, const T* vp, const int64_t* rows, int64_t 
                   int64_t row, float* acc) {
 #if defined(__AVX512F__)
   if (D % 16 == 0) {
-    for (int64_t h0 = 0; h0 < H; h0 += std::min<int64_t>(2, G - h0 % G)) {
-      const int64_t hs = std::min<int64_t>(2, G - h0 % G);  // heads h0.. of one KV head
+    int64_t hs;  // query heads h0 .. h0 + hs - 1, of one KV head
+    for (int64_t h0 = 0; h0 < H; h0 += hs) {
+      hs = std::min<int64_t>(2, G - h0 % G);
       const int64_t off = (h0 / G) * D;
       for (int64_t d0 = 0; d0 < D; d0 += 64) {
         const int64_t dc = std::min<int64_t>(64, D - d0) / 16;
