@@ -50,11 +50,6 @@ def context_bucket(width: int) -> int:
     return -(-width // step) * step
 
 
-def is_decode_step(inputs: StepInputs) -> bool:
-    """Every sequence brings one new token (T == B: each has at least one)."""
-    return inputs.tokens.numel() == inputs.start.numel()
-
-
 def pad_decode_step(inputs: StepInputs, batch: int, width: int, scratch_slot: int) -> StepInputs:
     """The decode step padded to `batch` sequences and `width` context columns. Added sequences: token 0 at position
     0, its K/V written to and read from scratch_slot only, not sampled; added columns lie past every context's end,

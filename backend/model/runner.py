@@ -7,7 +7,7 @@ import torch
 
 from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
-from backend.model.cuda_graphs import CaptureError, DecodeGraphs, is_decode_step, resolve_cuda_graphs
+from backend.model.cuda_graphs import CaptureError, DecodeGraphs, resolve_cuda_graphs
 from backend.model.decoder import AttentionMetadata
 from backend.model.kernels.bf16_gemv import resolve_decode_gemv
 from backend.model.kernels.causal_prefill import unsupported as causal_prefill_unsupported
@@ -87,7 +87,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Process every token of the step; return logits (S, vocab) for the sequences that sample, in order."""
-        if self.graphs is not None and is_decode_step(inputs):
+        if self.graphs is not None and inputs.is_decode:
             try:
                 return self.graphs.run(inputs)
             except CaptureError as exc:

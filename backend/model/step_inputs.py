@@ -41,6 +41,11 @@ class StepInputs:
                    end if prompt_len is None else prompt_len, end if total_len is None else total_len)
 
     @property
+    def is_decode(self) -> bool:
+        """Every sequence brings exactly one new token (T == B, Q == 1): a decode step."""
+        return self.tokens.numel() == self.start.numel() and bool((self.end - self.start == 1).all())
+
+    @property
     def num_sampled(self) -> int:
         return int(self.sampled.sum())
 
@@ -71,7 +76,7 @@ def step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int |
     `windows`: the distinct sliding windows of the model's layers (None: full attention), one mask each.
     `paged_decode`: a decode step gets each window's column ranges for the paged kernel (decode_columns).
     `causal_prefill`: a step with causal windows gets each sequence's token range for that kernel (causal_seqs)."""
-    if inputs.tokens.numel() == inputs.start.numel() and bool((inputs.end - inputs.start == 1).all()):
+    if inputs.is_decode:
         return _decode_tensors(inputs, rotary, windows, dtype, device, paged_decode)
     return _step_tensors(inputs, rotary, windows, dtype, device, paged_decode, causal_prefill)
 

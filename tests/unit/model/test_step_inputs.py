@@ -59,6 +59,7 @@ def test_context_starting_past_a_released_window():
 def test_a_step_of_single_tokens_is_decode_only():
     inputs = StepInputs.of(tokens=torch.tensor([5, 6]), start=torch.tensor([3, 7]), end=torch.tensor([4, 8]),
                            sampled=torch.tensor([1, 1]), context_slots=torch.arange(16).view(2, 8))
+    assert inputs.is_decode and not _inputs().is_decode  # _inputs() holds a 3-token chunk
     _, meta, _ = step_tensors(inputs, ROTARY, {None}, torch.float32, torch.device("cpu"))
     assert meta.decode_only and meta.query_index.shape == (2, 1)
 
