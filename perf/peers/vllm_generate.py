@@ -31,7 +31,9 @@ def main() -> None:
     llm = LLM(model=args.hf_dir, dtype=args.dtype, enable_prefix_caching=False, max_model_len=2048)
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    llm.generate(batch[:1], params, use_tqdm=False)  # warm-up
+    warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for n in args.sizes or [len(batch)]:  # warm-ups at every size timed, as bench_side_by_side warms the others
+        llm.generate(batch[:n], warm, use_tqdm=False)
 
     def run(prompts_n):
         start = time.perf_counter()
