@@ -57,10 +57,10 @@ class EngineConfig:
     # Decode steps replayed as CUDA graphs (backend/model/cuda_graphs.py; the anchor's cuda_graph_mode): "on" (CUDA,
     # one process), "off", "auto" (on where it runs: CUDA and an unsharded checkpoint).
     cuda_graph_mode: str = "auto"
-    # One-row products of bf16 linears (batch-1 decode steps) by an AVX-512 BF16 GEMV over a second, interleaved copy
-    # of their weights (backend/model/kernels/bf16_gemv.py; oneDNN's copy serves more rows): "on" (bf16 linears beside
-    # float32 activations, a CPU with AVX-512 BF16), "off", "auto" (on where it runs and the KV cache keeps the
-    # capacity it would have without the copy).
+    # Products of 1-16 rows of bf16 linears (decode steps of up to 16 sequences) by an AVX-512 BF16 kernel over a
+    # second, interleaved copy of their weights (backend/model/kernels/bf16_gemv.py; oneDNN's copy serves more rows):
+    # "on" (bf16 linears beside float32 activations, a CPU with AVX-512 BF16), "off", "auto" (on where it runs and
+    # the KV cache keeps the capacity it would have without the copy).
     decode_gemv: str = "auto"
 
     def __post_init__(self) -> None:

@@ -68,7 +68,7 @@ def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device
 
 def _gemv_copy_bytes(model: torch.nn.Module | None, kv_cfg: ModelConfig, config: EngineConfig,
                      linear_dtype: torch.dtype | None, device: torch.device, free: int) -> int | None:
-    """The bytes of the one-row GEMV's weight copies where EngineConfig.decode_gemv resolves to on for this model,
+    """The bytes of the GEMV's weight copies where EngineConfig.decode_gemv resolves to on for this model,
     None where it is off. "auto" takes the GEMV only where the KV cache, planned with the copies in memory, holds
     what it would hold without them (the copies double the bf16 linears' weight bytes)."""
     if model is None or not resolve_decode_gemv(config.decode_gemv, device, linear_dtype):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from backend.kernel_choices import LINEAR_DTYPES, LINEAR_KERNELS
+from backend.model.kernels.bf16_gemv import MAX_ROWS as GEMV_MAX_ROWS
 from backend.model.kernels.bf16_gemv import bf16_gemv, interleave, interleaved_width
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,8 @@ class PrepackedLinear(nn.Module):
     """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter), in `dtype` (None:
     the weight's): x is rounded to it before the product and y widened back to x's dtype after it (bf16 linears
     beside float32 activations; decode_layers.cpp's packed_linear does the same). With `gemv` (bf16 only), a second
-    copy of W interleaved for the one-row GEMV (kernels/bf16_gemv.py) computes one-row products: the same result up
-    to float32 summation order."""
+    copy of W interleaved for the GEMV (kernels/bf16_gemv.py) computes products of 1 to GEMV_MAX_ROWS rows: the same
+    result up to float32 summation order."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None,
                  gemv: bool = False) -> None:
@@ -113,7 +114,7 @@ class PrepackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.dtype = dtype or weight.dtype
         if gemv and self.dtype != torch.bfloat16:
-            raise ValueError(f"the one-row GEMV serves bfloat16 linears, not {self.dtype} ones")
+            raise ValueError(f"the bf16 GEMV serves bfloat16 linears, not {self.dtype} ones")
         weight = weight.detach().to(self.dtype).contiguous()
         self.weight_bytes = weight.numel() * weight.element_size()
         # batch_size is a layout hint; the packed weight serves any number of rows (decode and prefill alike).
@@ -126,7 +127,7 @@ class PrepackedLinear(nn.Module):
         return cls(linear.weight, linear.bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemv is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32:
+        if self.gemv is not None and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32:
             return bf16_gemv(x, self.gemv, self.bias)
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -152,7 +153,7 @@ def _prepackable(model: nn.Module) -> Iterator[tuple[nn.Module, str, torch.Tenso
 
 def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None, gemv: bool = False) -> nn.Module:
     """Swap every plain float nn.Linear under `model` (and each MLP's fused fc/gate weight) for a PrepackedLinear
-    computing in `dtype` (None: the weights'), each with the one-row GEMV's copy where `gemv`."""
+    computing in `dtype` (None: the weights'), each with the GEMV's copy where `gemv`."""
     with torch.inference_mode():
         for parent, name, weight, bias in list(_prepackable(model)):
             setattr(parent, name, PrepackedLinear(weight, bias, dtype, gemv))
@@ -160,6 +161,6 @@ def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None, gemv: bo
 
 
 def gemv_copy_bytes(model: nn.Module) -> int:
-    """Bytes of the one-row GEMV's interleaved copies prepack_linears(model, bfloat16, gemv=True) would add beside
+    """Bytes of the GEMV's interleaved copies prepack_linears(model, bfloat16, gemv=True) would add beside
     oneDNN's packed weights (bf16, columns padded to 32)."""
     return sum(w.shape[0] * interleaved_width(w.shape[1]) * 2 for _, _, w, _ in _prepackable(model))

@@ -66,7 +66,7 @@ class ModelRunner:
         would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones
         are kept in self.linear_kernel, self.attention_kernel and self.native_layers (None: the Python layers);
         cuda_graphs: "on", "off" or "auto" (on CUDA): decode steps replay CUDA graphs (backend/model/cuda_graphs.py;
-        self.graphs, None when off); decode_gemv: "on", "off" or "auto": one-row bf16 products by the GEMV
+        self.graphs, None when off); decode_gemv: "on", "off" or "auto": bf16 products of up to 16 rows by the GEMV
         (backend/model/kernels/bf16_gemv.py; self.decode_gemv)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         if linear_dtype is not None and self.linear_kernel != "onednn":

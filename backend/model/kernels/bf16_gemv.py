@@ -1,9 +1,11 @@
-"""One-row bf16 linears (batch-1 decode steps) on an AVX-512 BF16 GEMV over interleaved weights (bf16_gemv.cpp).
+"""bf16 linears of 1 to MAX_ROWS rows (decode steps of up to 16 sequences) on an AVX-512 BF16 kernel over interleaved
+weights (bf16_gemv.cpp; "GEMV" for its one-row origin).
 
 The Python side: the weights' layout, the call, and where it applies. A batch-1 decode step's linears are reads of
 their weights; oneDNN's bf16 kernel reads them at about two thirds of the memory's read rate on the development CPU,
-this kernel at about 0.9 of it (perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one
-stays for every product of more than one row), so EngineConfig.decode_gemv's "auto" takes it only where the KV
+this kernel at about 0.9 of it; at 8-16 rows it reads the weights once and computes at or beyond oneDNN's rate
+(perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one
+stays for every product of more rows), so EngineConfig.decode_gemv's "auto" takes it only where the KV
 cache keeps its capacity with that copy in memory (backend/engine/llm_engine.py).
 """
 from __future__ import annotations
@@ -14,6 +16,9 @@ from backend.kernel_choices import DECODE_GEMV
 from backend.model.kernels.build import avx512_bf16_missing, load
 
 ROWS, CHUNK = 4, 32  # bf16_gemv.cpp's kRows, kChunk
+# Most rows of x per call (kernels.h's kGemvMaxRows): products of up to 16 rows (a decode step of up to 16 sequences)
+# read the weights once and compute at or beyond oneDNN's rate; more go to oneDNN (perf/ISSUE16.md).
+MAX_ROWS = 16
 _NO_BIAS = torch.empty(0)  # the kernel's "no bias", made once: the call sits on the decode step's hot path
 
 
@@ -36,7 +41,8 @@ def interleave(w: torch.Tensor) -> torch.Tensor:
 
 
 def bf16_gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (1, K) float32 -> (1, N) float32: bf16(bf16(x) W^T + bias) widened, W given interleaved (`packed`)."""
+    """x (M, K) float32, 1 <= M <= MAX_ROWS -> (M, N) float32: bf16(bf16(x) W^T + bias) widened, W given interleaved
+    (`packed`). Each row's result is the same whatever M is (one summation order for every row)."""
     return load().bf16_gemv(x, packed, _NO_BIAS if bias is None else bias)
 
 
@@ -48,7 +54,7 @@ def unsupported(device: torch.device | str) -> str | None:
 
 
 def resolve_decode_gemv(choice: str, device: torch.device | str, linear_dtype: torch.dtype | None) -> bool:
-    """Whether one-row bf16 linears take the GEMV. linear_dtype: the prepacked linears' dtype beside float32
+    """Whether bf16 linears' products of up to MAX_ROWS rows take the GEMV. linear_dtype: the prepacked linears' dtype beside float32
     activations (None: the checkpoint's, which the GEMV does not serve). "on" where it cannot run raises ValueError
     naming why; "auto" -> where it runs."""
     if choice not in DECODE_GEMV:

@@ -13,7 +13,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("causal_prefill_available", &causal_prefill_available,
         "whether causal_prefill was compiled (the CPU has AVX-512 BF16)");
-  m.def("bf16_gemv", &bf16_gemv, "a one-row bf16 linear over interleaved weights (AVX-512 BF16, CPU)",
+  m.def("bf16_gemv", &bf16_gemv, "a bf16 linear of 1-16 rows over interleaved weights (AVX-512 BF16, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_gemv_available", &bf16_gemv_available, "whether bf16_gemv was compiled (the CPU has AVX-512 BF16)");
 }

@@ -13,7 +13,7 @@
 namespace {
 
 // Per layer, `weights` holds kPerLayer tensors in this order; an empty tensor stands for an absent one. The *Gemv
-// slots: the linear's weight interleaved for the one-row GEMV (bf16_gemv.cpp), where PrepackedLinear holds one.
+// slots: the linear's weight interleaved for the GEMV (bf16_gemv.cpp), where PrepackedLinear holds one.
 enum Slot : int64_t {
   kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kDense, kPostNorm, kPreMlpNorm, kPostMlpNorm, kFc, kProj,
   kQkvGemv, kDenseGemv, kFcGemv, kProjGemv, kPerLayer
@@ -22,11 +22,11 @@ enum Slot : int64_t {
 bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 
 // x (T, in) @ a oneDNN-packed weight (+ bias): prepacked_linear.PrepackedLinear.forward's call, which rounds x to
-// the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back; one row on the
-// GEMV's interleaved copy where there is one, as PrepackedLinear.forward does.
+// the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back; up to
+// kGemvMaxRows rows on the GEMV's interleaved copy where there is one, as PrepackedLinear.forward does.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
                             const torch::Tensor& gemv) {
-  if (x.size(0) == 1 && present(gemv)) return bf16_gemv(x, gemv, bias);
+  if (x.size(0) <= kGemvMaxRows && present(gemv)) return bf16_gemv(x, gemv, bias);
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const bool cast = packed.scalar_type() != x.scalar_type();
   torch::jit::Stack stack{cast ? x.to(packed.scalar_type()) : x, packed,

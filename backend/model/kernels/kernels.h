@@ -22,6 +22,8 @@ bool causal_prefill_available();
 torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const torch::Tensor& seqs, double scale);
 
-// bf16_gemv.cpp: a one-row bf16 linear over weights interleaved by bf16_gemv.py (AVX-512 BF16 CPUs).
+// bf16_gemv.cpp: a bf16 linear of 1 to kGemvMaxRows rows over weights interleaved by bf16_gemv.py (AVX-512 BF16
+// CPUs); more rows go to oneDNN (bf16_gemv.py's MAX_ROWS mirrors it).
+constexpr int64_t kGemvMaxRows = 16;
 bool bf16_gemv_available();
 torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);

@@ -102,10 +102,12 @@ def test_the_config_refuses_what_cannot_run():
 @pytest.mark.skipif(gemv_unsupported(CPU) is not None or bf16_linears_unavailable(CPU) is not None,
                     reason=f"bf16 GEMV: {gemv_unsupported(CPU) or bf16_linears_unavailable(CPU)}")
 @pytest.mark.parametrize("name", ["llama3", "qwen2", "gemma2", "phi3_partial"])
-def test_one_sequence_on_the_gemv_bit_for_bit(family_checkpoint, name):
-    """A batch-1 decode step with bf16 linears on the one-row GEMV (backend/model/kernels/bf16_gemv.py): the compiled
-    layers call the same kernel on the same copies as the Python layers."""
+@pytest.mark.parametrize("lengths, ctx_start", [([37], [8]), ([37, 1, 60, 24, 9, 33, 5], [0, 0, 16, 8, 0, 0, 0])])
+def test_decode_steps_on_the_gemv_bit_for_bit(family_checkpoint, name, lengths, ctx_start):
+    """A decode step of 1 or 7 sequences with bf16 linears on the GEMV (backend/model/kernels/bf16_gemv.py, up to 16
+    rows): the compiled layers call the same kernel on the same copies as the Python layers."""
     runner = _runner(family_checkpoint, name, linear_dtype=torch.bfloat16, decode_gemv="on")
     assert runner.decode_gemv and runner.native_layers is not None
     assert all(t.numel() > 0 for t in runner.native_layers.weights[11::15])  # the qkv GEMV copy of every layer
-    _assert_layers_equal(runner, _decode_step([37], ctx_start=[8], seed=len(name)), own_dtype=True)  # bf16 pools
+    step = _decode_step(lengths, ctx_start=ctx_start, seed=len(name))
+    _assert_layers_equal(runner, step, own_dtype=True)  # bf16 pools
