@@ -8,14 +8,15 @@
 // interleave: rows in blocks of 4, the last block the remaining rows, each block's rows 32 values at a time,
 // [K/32][rows][32]), so each thread's share is one sequential stream, read at ~0.9x a plain read (perf/ISSUE16.md,
 // the 125M model's layers from DRAM). At 2-16 rows each block is read from memory once for every row (the next
-// blocks prefetched meanwhile): the 125M model's linears at 8 rows in 0.7x oneDNN's time, at 16 in 0.85x. AVX-512 BF16 only (VDPBF16PS); elsewhere
+// blocks prefetched meanwhile): the 125M model's linears at 8 rows in 0.7x oneDNN's time, at 16 in 0.85x.
+// AVX-512 BF16 only (VDPBF16PS; with AVX-512 BW / VL for the masked tails, which every such CPU has); elsewhere
 // bf16_gemv_available() is false and oneDNN keeps every linear.
 #include "kernels.h"
 
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
