@@ -115,7 +115,7 @@ def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threa
 
 def warm_engine(model: artifacts.ModelArtifacts, tok, args) -> LLMEngine:
     """The in-process engine of the serving-overhead section, with the served engine's limits and threads, warm."""
-    # Prefix caching off, as in the servers measured against it (server_for(reuse=False)).
+    # Prefix caching off, as in the server measured against it (start_server(reuse=False), main()).
     engine = LLMEngine(model.engine_dir, EngineConfig(device="cpu", num_threads=args.threads,
                                                       enable_kv_cache_reuse=False, **LIMITS))
     closed_loop(engine, Workload.from_heldout(tok, 2, args.prompt_len, skip=500).ids, 2, 8, tag="warm")

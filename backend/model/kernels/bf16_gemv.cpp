@@ -90,10 +90,10 @@ void block_dots(const uint16_t* block, const uint16_t* xs, int64_t Kp, int64_t c
 constexpr int64_t kTile = 6;  // rows of x per pass over a block
 constexpr int64_t kAhead = 4;  // blocks between the one computed and the one prefetched
 
-// Every row of xs (M of them) against one block: passes of kTile rows, then the remaining 1-3 rows. With more than
-// one pass the block is read from memory once and from the caches after, and the memory would sit idle during the
-// later passes: the first pass prefetches the next full block (`next`; nullptr: none) so that its read overlaps
-// this block's products.
+// Every row of xs (M of them) against one block: passes of kTile rows, then the remaining 1 to kTile - 1 rows.
+// With more than one pass the block is read from memory once and from the caches after, and the memory would sit
+// idle during the later passes: the first pass prefetches a later full block (`next`, kAhead blocks on; nullptr:
+// none) so that its read overlaps this block's products.
 template <bool kFull>
 void block_rows(const uint16_t* block, const uint16_t* xs, int64_t M, int64_t Kp, int64_t chunks, int64_t rows,
                 float* out, int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {

@@ -4,9 +4,9 @@ weights (bf16_gemv.cpp; "GEMV" for its one-row origin).
 The Python side: the weights' layout, the call, and where it applies. A batch-1 decode step's linears are reads of
 their weights; oneDNN's bf16 kernel reads them at about two thirds of the memory's read rate on the development CPU,
 this kernel at about 0.9 of it; at 8-16 rows it reads the weights once and computes at or beyond oneDNN's rate
-(perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one
-stays for every product of more rows), so EngineConfig.decode_gemv's "auto" takes it only where the KV
-cache keeps its capacity with that copy in memory (backend/engine/llm_engine.py).
+(perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one stays for every product
+of more rows), so EngineConfig.decode_gemv's "auto" takes it only where the KV cache keeps its capacity with that
+copy in memory (backend/engine/llm_engine.py).
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def unsupported(device: torch.device | str) -> str | None:
 
 
 def resolve_decode_gemv(choice: str, device: torch.device | str, linear_dtype: torch.dtype | None) -> bool:
-    """Whether bf16 linears' products of up to MAX_ROWS rows take the GEMV. linear_dtype: the prepacked linears' dtype beside float32
-    activations (None: the checkpoint's, which the GEMV does not serve). "on" where it cannot run raises ValueError
-    naming why; "auto" -> where it runs."""
+    """Whether bf16 linears' products of up to MAX_ROWS rows take the GEMV. linear_dtype: the prepacked linears'
+    dtype beside float32 activations (None: the checkpoint's, which the GEMV does not serve). "on" where it cannot
+    run raises ValueError naming why; "auto" -> where it runs."""
     if choice not in DECODE_GEMV:
         raise ValueError(f"decode_gemv must be one of {DECODE_GEMV}, got {choice!r}")
     if choice == "off":
