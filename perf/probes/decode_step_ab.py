@@ -2,7 +2,8 @@
 its decode steps alternating between the two (both build the same tensors and the kernels give the same bits, so
 the sequences are the same whichever ran a step), the median step of each. What "the revision's" means here: its
 compiled kernels (perf/probes/old_kernels.py) and, for the per-step Python, step_tensors' general path and torch's
-argmax (what the revision before the decode shortcut and argmax_rows ran). A measurement, not a test.
+argmax (what the revision before the decode shortcut and argmax_rows ran); with --kernels-only, the kernels alone.
+A measurement, not a test.
 
     .venv/bin/python perf/probes/decode_step_ab.py --hf perf/out/llama125m --dtype bfloat16 --batch 16 --base HEAD~1
 """
@@ -43,13 +44,15 @@ def base_argmax(logits):
 
 
 class Switch:
-    def __init__(self, engine: LLMEngine, base_kernels) -> None:
+    def __init__(self, engine: LLMEngine, base_kernels, kernels_only: bool = False) -> None:
         self.layers = engine.runner.native_layers
+        self.kernels_only = kernels_only
         self.kernels = {True: self.layers.kernels if self.layers else None, False: base_kernels}
 
     def use(self, now: bool) -> None:
-        runner.step_tensors = NOW_TENSORS if now else base_tensors
-        sampler.argmax_rows = NOW_ARGMAX if now else base_argmax
+        if not self.kernels_only:
+            runner.step_tensors = NOW_TENSORS if now else base_tensors
+            sampler.argmax_rows = NOW_ARGMAX if now else base_argmax
         if self.layers is not None:
             self.layers.kernels = self.kernels[now]
 
@@ -61,11 +64,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4, help="generations of 128 tokens per prompt")
     parser.add_argument("--base", default="HEAD~1")
+    parser.add_argument("--kernels-only", action="store_true", help="switch the compiled kernels, not the Python")
     args = parser.parse_args()
     hf = args.hf or artifacts.demo().tokenizer_dir
     model = artifacts.from_hf(hf, args.dtype)
     engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=16, device="cpu", enable_kv_cache_reuse=False))
-    switch = Switch(engine, build_at(args.base))
+    switch = Switch(engine, build_at(args.base), args.kernels_only)
     batch = prompts(AutoTokenizer.from_pretrained(str(hf)), args.batch, 128)
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(args.rounds):

@@ -4,11 +4,13 @@
 //
 // The torch path gathers each sequence's context out of the pool (index_select: a copy of every K and V row a
 // layer reads), then runs SDPA on the copy. Here each sequence reads its context rows where they lie in the pool,
-// scores every query head against each row (eight rows at a time with AVX2), softmaxes in float32 and sums the V
-// rows: the same bytes read once, no copy, no mask tensor. About a third of the torch path's time for the demo
-// model's and a 125M Llama's decode shapes (perf/ISSUE16.md). The query heads that share a KV head share its
-// loads: two heads score each K chunk together, and the V rows are weighed KV head by KV head with the sums in
-// registers (0.55-0.75x the per-head loops' time at those shapes, the same bits; perf/probes/paged_decode_ab.py).
+// scores every query head against each row (eight rows at a time: 16-wide FMA chains with AVX-512, 8-wide with
+// AVX2), softmaxes in float32 and sums the V rows: the same bytes read once, no copy, no mask tensor. The query
+// heads that share a KV head share its loads: up to three heads score each K chunk together, and the V rows are
+// weighed KV head by KV head with the sums in registers. The rows are asked for ahead of their use (prefetch_rows):
+// in a served step they come from memory, not the caches. Against the previous version at the demo model's and a
+// 125M Llama's decode shapes: 0.7-0.9x in the caches, 0.45-0.85x from memory; in the engine's decode step at batch
+// 16, 0.86x (demo) and 0.93x (125M) of the whole step (perf/ISSUE16.md, "The decode attention's memory reads").
 // Built by backend/model/kernels/build.py.
 #include "kernels.h"
 
@@ -65,16 +67,18 @@ inline __m512 load16(const at::BFloat16* p) {  // sixteen bf16 -> sixteen float3
 }
 #endif
 
-// The eight row sums of eight 8-wide FMA chains folded into one vector with horizontal adds: out[r] = the sum of
+// The eight row sums of eight 8-wide FMA chains folded into one vector with horizontal adds: lane r = the sum of
 // acc[r]'s lanes.
-inline void store_row_sums(const __m256* acc, float* out) {
+inline __m256 row_sums(const __m256* acc) {
   const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
   const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
   const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
   // u0 = [r0 r1 r2 r3 | r0 r1 r2 r3] halves (low lanes, high lanes), u1 likewise for r4..r7
   const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+  return _mm256_add_ps(lo, hi);
 }
+
+inline void store_row_sums(const __m256* acc, float* out) { _mm256_storeu_ps(out, row_sums(acc)); }
 
 // Eight rows' dot products with one query head, D a multiple of 8: one 8-wide FMA chain per row (eight chains side
 // by side), then store_row_sums. out[r] = q . rows[r].
@@ -124,6 +128,65 @@ inline void dot8x2(const float*, const float*, const T* const*, int64_t, float*,
 constexpr bool kHaveDot8x2 = false;
 #endif
 
+// How many of the `left` query heads still to do of one KV head go together (at most 3, registers allow no more):
+// 4 as 2 + 2 rather than 3 + 1, so no pass runs one head alone.
+inline int64_t heads_at_once(int64_t left) { return left == 4 ? 2 : std::min<int64_t>(left, 3); }
+
+#if defined(__AVX512F__)
+// Eight rows' dot products with NH query heads of one KV head at once, D a multiple of 16, times the attention scale:
+// out[h][r] = (q_h . rows[r]) * scale. One 16-wide FMA chain per row and head (each K chunk loaded, and a bf16 one
+// widened, once for the NH heads), then each chain's two halves added and row_sums' tree: 8 NH + NH + 1 of the 32
+// vector registers for NH <= 3. Half the FMAs and loads of dot8x2's 8-wide chains, and the scores leave as one
+// vector store per head (perf/ISSUE16.md, "The decode attention's QK in 16-wide chains").
+template <typename T, int NH>
+inline void dot16(const float* const* q, const T* const* rows, int64_t D, float scale, float* const* out) {
+  __m512 acc[NH][8];
+  for (int h = 0; h < NH; ++h)
+    for (int r = 0; r < 8; ++r) acc[h][r] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) {
+    __m512 qd[NH];
+    for (int h = 0; h < NH; ++h) qd[h] = _mm512_loadu_ps(q[h] + d);
+    for (int r = 0; r < 8; ++r) {
+      const __m512 k = load16(rows[r] + d);
+      for (int h = 0; h < NH; ++h) acc[h][r] = _mm512_fmadd_ps(qd[h], k, acc[h][r]);
+    }
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int h = 0; h < NH; ++h) {
+    __m256 halves[8];
+    for (int r = 0; r < 8; ++r) {
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][r]), 1));
+      halves[r] = _mm256_add_ps(_mm512_castps512_ps256(acc[h][r]), hi);
+    }
+    _mm256_storeu_ps(out[h], _mm256_mul_ps(row_sums(halves), sc));
+  }
+}
+
+// Scores (H, n) of eight rows starting at column j, every query head, KV head by KV head (dot16 over up to three of
+// its heads at once). k8: the eight rows' first elements.
+template <typename T>
+inline void score_rows16(const float* qb, const T* const* k8, int64_t H, int64_t G, int64_t D, int64_t n, int64_t j,
+                         float scale, float* scores) {
+  for (int64_t h = 0; h < H;) {
+    const int64_t off = (h / G) * D, left = heads_at_once(G - h % G);
+    const T* kh[8];
+    for (int r = 0; r < 8; ++r) kh[r] = k8[r] + off;
+    const float* q[3] = {qb + h * D, qb + (h + 1) * D, qb + (h + 2) * D};
+    float* out[3] = {scores + h * n + j, scores + (h + 1) * n + j, scores + (h + 2) * n + j};
+    if (left == 3) dot16<T, 3>(q, kh, D, scale, out);
+    else if (left == 2) dot16<T, 2>(q, kh, D, scale, out);
+    else dot16<T, 1>(q, kh, D, scale, out);
+    h += left;
+  }
+}
+constexpr bool kHaveDot16 = true;
+#else
+template <typename T>
+inline void score_rows16(const float*, const T* const*, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                         float*) {}  // not called: kHaveDot16
+constexpr bool kHaveDot16 = false;
+#endif
+
 // y += p * x over n elements (the compiler contracts it to FMAs: -march=native, GCC's default -ffp-contract=fast).
 inline void axpy(float p, const float* x, float* y, int64_t n) {
 #pragma omp simd
@@ -167,26 +230,38 @@ inline float exp_nonpositive(float x) {
 }
 
 #if defined(__AVX512F__)
-// out (HS heads x DC * 16 columns) = sum over the n rows, in order, of p[h][j] * v_j: one FMA per element per row
-// starting from zero, as axpy accumulates (so the same values), with the HS x DC accumulators in registers and each
-// V chunk loaded (widened) once for the HS query heads that share its KV head. p: HS rows of n probabilities,
-// stride n; vrow(j): row j's first element of this KV head's column chunk.
+// out (HS heads x DC * 16 columns) = sum over the n rows of p[h][j] * v_j, with the accumulators in registers and
+// each V chunk loaded (widened) once for the HS query heads that share its KV head. Fewer than 8 chains (HS x DC)
+// wait on the FMA's latency (4 cycles, one chain's FMA after another's): then rows go in pairs, even rows into one
+// set of accumulators and odd rows into another, added at the end (U = 2); otherwise one FMA per element per row,
+// in order (U = 1). p: HS rows of n probabilities, stride n; vrow(j): row j's first element of this KV head's
+// column chunk.
 template <typename T, int HS, int DC, typename RowAt>
 inline void accumulate_block(const float* p, int64_t n, RowAt vrow, float* out, int64_t out_stride) {
-  __m512 acc[HS][DC];
-  for (int h = 0; h < HS; ++h)
-    for (int c = 0; c < DC; ++c) acc[h][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
+  constexpr int U = HS * DC < 8 ? 2 : 1;
+  __m512 acc[U][HS][DC];
+  for (int u = 0; u < U; ++u)
+    for (int h = 0; h < HS; ++h)
+      for (int c = 0; c < DC; ++c) acc[u][h][c] = _mm512_setzero_ps();
+  auto add_row = [&](int u, int64_t j) {
     const T* v = vrow(j);
     __m512 vv[DC];
     for (int c = 0; c < DC; ++c) vv[c] = load16(v + 16 * c);
     for (int h = 0; h < HS; ++h) {
       const __m512 ph = _mm512_set1_ps(p[h * n + j]);
-      for (int c = 0; c < DC; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
+      for (int c = 0; c < DC; ++c) acc[u][h][c] = _mm512_fmadd_ps(ph, vv[c], acc[u][h][c]);
     }
-  }
+  };
+  int64_t j = 0;
+  for (; j + U <= n; j += U)
+    for (int u = 0; u < U; ++u) add_row(u, j + u);
+  for (; j < n; ++j) add_row(0, j);
   for (int h = 0; h < HS; ++h)
-    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(out + h * out_stride + 16 * c, acc[h][c]);
+    for (int c = 0; c < DC; ++c) {
+      __m512 sum = acc[0][h][c];
+      for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][h][c]);
+      _mm512_storeu_ps(out + h * out_stride + 16 * c, sum);
+    }
 }
 
 template <typename T, int HS, typename RowAt>
@@ -201,10 +276,9 @@ inline void accumulate_heads(const float* p, int64_t n, int64_t dc, RowAt vrow, 
 #endif
 
 // acc (H, D) = probabilities (H, n) times the V rows, per query head: each element summed over the rows in order
-// with one FMA per row (axpy's arithmetic, whatever the vector width: fused multiply-adds round once, so the result
-// does not depend on how the elements are grouped). With AVX-512 and D a multiple of 16: KV head by KV head, two
-// query heads and up to 64 columns at a time in registers (perf/ISSUE16.md: the per-head axpy loaded and stored
-// its accumulators for every row).
+// with one FMA per row (axpy's arithmetic). With AVX-512 and D a multiple of 16: KV head by KV head, up to three
+// query heads and 64 columns at a time in registers (accumulate_block; perf/ISSUE16.md: the per-head axpy loaded
+// and stored its accumulators for every row).
 template <typename T>
 void weigh_values(const float* probs, const T* vp, const int64_t* rows, int64_t n, int64_t H, int64_t G, int64_t D,
                   int64_t row, float* acc) {
@@ -212,12 +286,13 @@ void weigh_values(const float* probs, const T* vp, const int64_t* rows, int64_t 
   if (D % 16 == 0) {
     int64_t hs;  // query heads h0 .. h0 + hs - 1, of one KV head
     for (int64_t h0 = 0; h0 < H; h0 += hs) {
-      hs = std::min<int64_t>(2, G - h0 % G);
+      hs = heads_at_once(G - h0 % G);
       const int64_t off = (h0 / G) * D;
       for (int64_t d0 = 0; d0 < D; d0 += 64) {
         const int64_t dc = std::min<int64_t>(64, D - d0) / 16;
         auto vrow = [&](int64_t j) { return vp + rows[j] * row + off + d0; };
-        if (hs == 2) accumulate_heads<T, 2>(probs + h0 * n, n, dc, vrow, acc + h0 * D + d0, D);
+        if (hs == 3) accumulate_heads<T, 3>(probs + h0 * n, n, dc, vrow, acc + h0 * D + d0, D);
+        else if (hs == 2) accumulate_heads<T, 2>(probs + h0 * n, n, dc, vrow, acc + h0 * D + d0, D);
         else accumulate_heads<T, 1>(probs + h0 * n, n, dc, vrow, acc + h0 * D + d0, D);
       }
     }
@@ -226,7 +301,6 @@ void weigh_values(const float* probs, const T* vp, const int64_t* rows, int64_t 
 #endif
   std::fill(acc, acc + H * D, 0.f);
   for (int64_t j = 0; j < n; ++j) {
-    if (j + 4 < n) __builtin_prefetch(vp + rows[j + 4] * row);
     const T* v = vp + rows[j] * row;
     for (int64_t h = 0; h < H; ++h) axpy(probs[h * n + j], v + (h / G) * D, acc + h * D, D);
   }
@@ -237,7 +311,10 @@ void softmax_rows(float* scores, int64_t rows, int64_t n) {
   for (int64_t h = 0; h < rows; ++h) {
     float* s = scores + h * n;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+    // A max reduction the compiler vectorizes (std::max's loop stayed scalar: a quarter of the kernel's time at the
+    // demo model's shapes, perf/ISSUE16.md). A NaN score makes the row NaN whichever maximum is taken.
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; ++j) {
@@ -247,6 +324,20 @@ void softmax_rows(float* scores, int64_t rows, int64_t n) {
     const float inv = 1.f / sum;
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  }
+}
+
+// Asks for pool rows [j0, min(j1, n)) of a sequence ahead of their use, every cache line of each row (into L2:
+// the QK pass and the value pass read them soon after). The rows of a step's context are scattered over the pool in
+// 32-row blocks and, past the caches' size (the weights of a step evict them), come from memory: read on demand they
+// arrived at ~3-5 GB/s, one or two lines at a time (perf/ISSUE16.md, "The decode attention's memory reads").
+template <typename T>
+inline void prefetch_rows(const T* pool, const int64_t* rows, int64_t j0, int64_t j1, int64_t n, int64_t row) {
+  const int64_t bytes = row * static_cast<int64_t>(sizeof(T));
+  for (int64_t j = j0; j < std::min(j1, n); ++j) {
+    const char* first = reinterpret_cast<const char*>(pool + rows[j] * row);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b, 0, 2);
+    __builtin_prefetch(first + bytes - 1, 0, 2);  // the last line, where a row does not start on a line
   }
 }
 
@@ -268,43 +359,55 @@ void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   // Work item: one sequence. Its context rows are read whole (every KV head's D floats lie together in a row),
   // once for K and once for V, each row scored against all H query heads: one pass over the bytes.
   const int64_t row = KV * D;
+  constexpr int64_t kAhead = 32;  // K rows asked for ahead of the row being scored
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc(H * D), wide(row);  // wide: a bf16 pool's row as float32
     for (int64_t b = begin; b < end; ++b) {
       const int64_t c0 = cs[b], n = ce[b] - c0;
       const int64_t* rows = sp + b * L + c0;
+      if (b == begin) prefetch_rows(kp, rows, 0, kAhead, n, row);  // later sequences: asked for by the one before
       const float* qb = qp + b * H * D;
       scores.resize(H * n);
       int64_t j = 0;
-      if (kHaveDot8 && D % 8 == 0) {  // eight rows at a time
+      if (kHaveDot16 && D % 16 == 0) {  // eight rows at a time, 16-wide chains (AVX-512)
+        const T* k8[8];
+        for (; j + 8 <= n; j += 8) {
+          for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
+          prefetch_rows(kp, rows, j + kAhead, j + kAhead + 8, n, row);  // K rows ahead of the scores
+          prefetch_rows(vp, rows, j, j + 8, n, row);  // these rows' V, for the value pass after the softmax
+          score_rows16(qb, k8, H, G, D, n, j, sc, scores.data());
+        }
+      } else if (kHaveDot8 && D % 8 == 0) {  // eight rows at a time, 8-wide chains
         const T* k8[8];
         float s8[8], s8b[8];
         for (; j + 8 <= n; j += 8) {
           for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
-          if (j + 16 <= n) __builtin_prefetch(kp + rows[j + 8] * row);
+          prefetch_rows(kp, rows, j + kAhead, j + kAhead + 8, n, row);  // K rows ahead of the scores
+          prefetch_rows(vp, rows, j, j + 8, n, row);  // these rows' V, for the value pass after the softmax
           for (int64_t h = 0; h < H;) {
             const int64_t off = (h / G) * D;
             const T* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
                               k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
             if (kHaveDot8x2 && h + 1 < H && (h + 1) / G == h / G) {  // two heads of this KV head: K read once
               dot8x2(qb + h * D, qb + (h + 1) * D, kh, D, s8, s8b);
-              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r], scores[(h + 1) * n + j + r] = s8b[r];
+              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r] * sc, scores[(h + 1) * n + j + r] = s8b[r] * sc;
               h += 2;
             } else {
               dot8(qb + h * D, kh, D, s8);
-              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r];
+              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r] * sc;
               h += 1;
             }
           }
         }
       }
+      prefetch_rows(vp, rows, j, n, n, row);
+      if (b + 1 < end) prefetch_rows(kp, sp + (b + 1) * L + cs[b + 1], 0, kAhead, ce[b + 1] - cs[b + 1], row);
       for (; j < n; ++j) {
         const float* k = as_float(kp + rows[j] * row, row, wide.data());
-        for (int64_t h = 0; h < H; ++h) scores[h * n + j] = dot(qb + h * D, k + (h / G) * D, D);
+        for (int64_t h = 0; h < H; ++h) scores[h * n + j] = dot(qb + h * D, k + (h / G) * D, D) * sc;
       }
-      for (int64_t i = 0; i < H * n; ++i) {
-        const float s = scores[i] * sc;
-        scores[i] = cap > 0.f ? std::tanh(s / cap) * cap : s;
+      if (cap > 0.f) {  // Gemma 2's soft cap (a scalar loop: tanh)
+        for (int64_t i = 0; i < H * n; ++i) scores[i] = std::tanh(scores[i] / cap) * cap;
       }
       softmax_rows(scores.data(), H, n);
       weigh_values(scores.data(), vp, rows, n, H, G, D, row, acc.data());

@@ -33,10 +33,12 @@ def _decode_step(lengths: list[int], ctx_start: list[int], block: int, slots_tot
                          ctx_start=torch.tensor(ctx_start))
 
 
-# Groups of 1, 2, 3 and 8 query heads per KV head; head sizes the AVX-512 value loop takes in one, two and three
-# 16-column registers, in two chunks (128, 80 = 64 + 16), and not at all (40: not a multiple of 16).
+# Groups of 1, 2, 3, 4 (two passes of 2) and 8 (3 + 3 + 2) query heads per KV head; head sizes the AVX-512 loops
+# take in one, two and three 16-column registers, in two chunks (128, 80 = 64 + 16), and not at all (40: not a
+# multiple of 16). Context lengths of 1, 5 (a window), 37 and 200 rows: whole and partial eight-row blocks, odd counts
+# (the value loop's paired rows).
 @pytest.mark.parametrize("heads,kv,dim", [(8, 4, 32), (12, 4, 64), (4, 4, 16), (16, 2, 128), (6, 2, 80), (6, 3, 40),
-                                          (10, 5, 48)])
+                                          (10, 5, 48), (8, 2, 64)])
 @pytest.mark.parametrize("window", [None, 5, 100])
 @pytest.mark.parametrize("softcap", [None, 50.0])
 def test_equals_the_torch_path(heads, kv, dim, window, softcap):
