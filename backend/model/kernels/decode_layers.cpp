@@ -1,7 +1,8 @@
 // Every decoder layer of a decode step in one call: the ATen operations backend/model/decoder.py runs, in the same
 // order on the same tensors, so the result is bit for bit the Python layers' (tests/unit/model/test_decode_layers.py),
 // without ~40 Python operator calls and 4-6 module calls per layer (about a quarter of the demo model's batch-1 step,
-// perf/ISSUE16.md). Float32 activations on CPU, linears prepacked for oneDNN (prepacked_linear.py: float32, or
+// perf/ISSUE16.md). The rotary embedding and the K/V writes run as one hand-written pass with the same float
+// operations (rotate_and_store: 0.95x the whole decode step at batch 16). Float32 activations on CPU, linears prepacked for oneDNN (prepacked_linear.py: float32, or
 // bfloat16 beside float32 activations), decode attention by paged_decode.cpp; backend/model/kernels/decode_layers.py
 // decides where it applies and lays out its arguments.
 #include "kernels.h"
@@ -51,6 +52,98 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
   return x.size(-1) == rot ? out : at::cat({out, x.slice(-1, rot)}, -1);
 }
 
+// rotary() on the q and k heads, the K/V rows' rounding to the pool's dtype and their index_copy_ into the pool,
+// and q.contiguous(), in one pass over qkv (T, (H + 2 KV) d) instead of ~12 ATen operations and 5 temporaries
+// (perf/ISSUE16.md, "Rotary and the K/V writes in one pass"). Each rotated element is rotary()'s arithmetic: x * cos
+// and swapped * sin_signed, each rounded, then their sum, rounded (no fused multiply-add: fp-contract off here); the
+// rounding to bf16 is c10's round-to-nearest-even, as ATen's conversion: the same bits as the ATen path. Returns q
+// (T, H, d).
+template <typename P>
+__attribute__((optimize("fp-contract=off"))) void rotate_and_store_rows(
+    const float* qkv, int64_t T, int64_t H, int64_t KV, int64_t d, int64_t rot, const float* cos, const float* sin,
+    const int64_t* slots, P* k_pool, P* v_pool, float* q) {
+  const int64_t half = rot / 2, width = (H + 2 * KV) * d;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = qkv + t * width;
+    const float* c = cos + t * rot;
+    const float* sn = sin + t * rot;
+    P* k_row = k_pool + slots[t] * KV * d;
+    P* v_row = v_pool + slots[t] * KV * d;
+    for (int64_t h = 0; h < H + KV; ++h) {
+      const float* x = row + h * d;
+      float rotated[512];  // d <= 512 (checked)
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i] * c[i], b = x[i + half] * sn[i];
+        rotated[i] = a + b;
+      }
+      for (int64_t i = half; i < rot; ++i) {
+        const float a = x[i] * c[i], b = x[i - half] * sn[i];
+        rotated[i] = a + b;
+      }
+      for (int64_t i = rot; i < d; ++i) rotated[i] = x[i];
+      if (h < H) {
+        std::copy(rotated, rotated + d, q + (t * H + h) * d);
+      } else {
+        P* dst = k_row + (h - H) * d;
+        for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<P>(rotated[i]);
+      }
+    }
+    const float* v = row + (H + KV) * d;
+    for (int64_t i = 0; i < KV * d; ++i) v_row[i] = static_cast<P>(v[i]);
+  }
+}
+
+// Where rotate_and_store_rows applies: contiguous float32 qkv / cos / sin, a contiguous float32 or bf16 pool pair of
+// (S, KV, d), head size up to 512; else the ATen operations.
+bool rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d, const torch::Tensor& cos,
+                      const torch::Tensor& sin_signed, const torch::Tensor& slots, const torch::Tensor& k_pool,
+                      const torch::Tensor& v_pool, torch::Tensor& q) {
+  const auto pool = k_pool.scalar_type();
+  const bool ok = qkv.is_contiguous() && cos.is_contiguous() && sin_signed.is_contiguous() && slots.is_contiguous() &&
+                  k_pool.is_contiguous() && v_pool.is_contiguous() && d <= 512 && v_pool.scalar_type() == pool &&
+                  (pool == at::kFloat || pool == at::kBFloat16) && cos.scalar_type() == at::kFloat &&
+                  sin_signed.scalar_type() == at::kFloat && slots.scalar_type() == at::kLong &&
+                  k_pool.dim() == 3 && k_pool.size(1) == KV && k_pool.size(2) == d && cos.size(-1) % 2 == 0;
+  if (!ok) return false;
+  const int64_t T = qkv.size(0), rot = cos.size(-1), S = k_pool.size(0);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(0 <= sp[t] && sp[t] < S, "decode_layers: slot outside the pool");
+  q = torch::empty({T, H, d}, qkv.options());
+  if (pool == at::kBFloat16) {
+    rotate_and_store_rows<at::BFloat16>(qkv.data_ptr<float>(), T, H, KV, d, rot, cos.data_ptr<float>(),
+                                        sin_signed.data_ptr<float>(), sp, k_pool.data_ptr<at::BFloat16>(),
+                                        v_pool.data_ptr<at::BFloat16>(), q.data_ptr<float>());
+  } else {
+    rotate_and_store_rows<float>(qkv.data_ptr<float>(), T, H, KV, d, rot, cos.data_ptr<float>(),
+                                 sin_signed.data_ptr<float>(), sp, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(),
+                                 q.data_ptr<float>());
+  }
+  return true;
+}
+
+// The same as rotate_and_store with ATen operations, with q / k norms (Qwen3, Gemma 3) where the model has them:
+// decoder.Attention.forward's order. Returns q (T, H, d) contiguous.
+torch::Tensor rotate_and_store_aten(const torch::Tensor& qkv, const torch::Tensor* w, int64_t T, int64_t H, int64_t KV,
+                                    int64_t d, double eps, const torch::Tensor& cos, const torch::Tensor& sin_signed,
+                                    const torch::Tensor& slots, const torch::Tensor& k_pool,
+                                    const torch::Tensor& v_pool) {
+  auto qk = qkv.slice(1, 0, (H + KV) * d).view({T, H + KV, d});
+  torch::Tensor q, k;
+  if (present(w[kQNorm])) {
+    q = rotary(rms_norm(qk.slice(1, 0, H), w[kQNorm], eps, false), cos, sin_signed);
+    k = rotary(rms_norm(qk.slice(1, H), w[kKNorm], eps, false), cos, sin_signed);
+  } else {
+    auto rotated = rotary(qk, cos, sin_signed);
+    q = rotated.slice(1, 0, H);
+    k = rotated.slice(1, H);
+  }
+  auto v = qkv.slice(1, (H + KV) * d).view({T, KV, d});
+  // K/V rows rounded to the pool's dtype (bf16 pools beside bf16 linears), as Attention.forward does
+  k_pool.index_copy_(0, slots, k.to(k_pool.scalar_type()));
+  v_pool.index_copy_(0, slots, v.to(v_pool.scalar_type()));
+  return q.contiguous();
+}
+
 torch::Tensor activation(const torch::Tensor& x, int64_t kind) {
   return kind == 0 ? at::silu(x) : at::gelu(x, "tanh");
 }
@@ -81,22 +174,12 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     const torch::Tensor* w = &weights[l * kPerLayer];
     // Attention: qkv (T, (H + 2 KV) d) = q heads, k heads, v heads.
     auto qkv = packed_linear(rms_norm(x, w[kInputNorm], eps, weight_f32), w[kQkv], w[kQkvBias], w[kQkvGemv]);
-    auto qk = qkv.slice(1, 0, (H + KV) * d).view({T, H + KV, d});
-    torch::Tensor q, k;
-    if (present(w[kQNorm])) {
-      q = rotary(rms_norm(qk.slice(1, 0, H), w[kQNorm], eps, false), cos, sin_signed);
-      k = rotary(rms_norm(qk.slice(1, H), w[kKNorm], eps, false), cos, sin_signed);
-    } else {
-      auto rotated = rotary(qk, cos, sin_signed);
-      q = rotated.slice(1, 0, H);
-      k = rotated.slice(1, H);
+    torch::Tensor q;  // (T, H, d), rotated; the step's K/V rows written to the pools
+    if (present(w[kQNorm]) ||
+        !rotate_and_store(qkv, H, KV, d, cos, sin_signed, slot_mapping, k_caches[l], v_caches[l], q)) {
+      q = rotate_and_store_aten(qkv, w, T, H, KV, d, eps, cos, sin_signed, slot_mapping, k_caches[l], v_caches[l]);
     }
-    auto v = qkv.slice(1, (H + KV) * d).view({T, KV, d});
-    // K/V rows rounded to the pool's dtype (bf16 pools beside bf16 linears), as Attention.forward does
-    k_caches[l].index_copy_(0, slot_mapping, k.to(k_caches[l].scalar_type()));
-    v_caches[l].index_copy_(0, slot_mapping, v.to(v_caches[l].scalar_type()));
-    auto attn = paged_decode(q.contiguous(), k_caches[l], v_caches[l], context_slots, col_starts[l], col_ends[l],
-                             scale, softcap);
+    auto attn = paged_decode(q, k_caches[l], v_caches[l], context_slots, col_starts[l], col_ends[l], scale, softcap);
     attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor(), w[kDenseGemv]);
     // MLP: fc holds [fc | gate] (HF gate_proj | up_proj) rows, or [up | gate] when fused (Phi-3).
     torch::Tensor mlp_in;
