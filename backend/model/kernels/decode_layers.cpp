@@ -2,9 +2,9 @@
 // order on the same tensors, so the result is bit for bit the Python layers' (tests/unit/model/test_decode_layers.py),
 // without ~40 Python operator calls and 4-6 module calls per layer (about a quarter of the demo model's batch-1 step,
 // perf/ISSUE16.md). The rotary embedding and the K/V writes run as one hand-written pass with the same float
-// operations (rotate_and_store: 0.95x the whole decode step at batch 16). Float32 activations on CPU, linears prepacked for oneDNN (prepacked_linear.py: float32, or
-// bfloat16 beside float32 activations), decode attention by paged_decode.cpp; backend/model/kernels/decode_layers.py
-// decides where it applies and lays out its arguments.
+// operations (rotate_and_store: 0.95x the whole decode step at batch 16). Float32 activations on CPU, linears
+// prepacked for oneDNN (prepacked_linear.py: float32, or bfloat16 beside float32 activations), decode attention by
+// paged_decode.cpp; backend/model/kernels/decode_layers.py decides where it applies and lays out its arguments.
 #include "kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -93,8 +93,9 @@ __attribute__((optimize("fp-contract=off"))) void rotate_and_store_rows(
   }
 }
 
-// Where rotate_and_store_rows applies: contiguous float32 qkv / cos / sin, a contiguous float32 or bf16 pool pair of
-// (S, KV, d), head size up to 512; else the ATen operations.
+// Where rotate_and_store_rows applies: contiguous float32 qkv (T, (H + 2 KV) d), cos / sin_signed (T, rot) with an
+// even rot <= d, a contiguous float32 or bf16 pool pair of (S, KV, d), head size up to 512; else (false) the ATen
+// operations run instead.
 bool rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d, const torch::Tensor& cos,
                       const torch::Tensor& sin_signed, const torch::Tensor& slots, const torch::Tensor& k_pool,
                       const torch::Tensor& v_pool, torch::Tensor& q) {
@@ -103,7 +104,9 @@ bool rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d
                   k_pool.is_contiguous() && v_pool.is_contiguous() && d <= 512 && v_pool.scalar_type() == pool &&
                   (pool == at::kFloat || pool == at::kBFloat16) && cos.scalar_type() == at::kFloat &&
                   sin_signed.scalar_type() == at::kFloat && slots.scalar_type() == at::kLong &&
-                  k_pool.dim() == 3 && k_pool.size(1) == KV && k_pool.size(2) == d && cos.size(-1) % 2 == 0;
+                  k_pool.dim() == 3 && k_pool.size(1) == KV && k_pool.size(2) == d && cos.dim() == 2 &&
+                  cos.sizes() == sin_signed.sizes() && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
+                  cos.size(1) <= d && qkv.dim() == 2 && qkv.size(1) == (H + 2 * KV) * d;
   if (!ok) return false;
   const int64_t T = qkv.size(0), rot = cos.size(-1), S = k_pool.size(0);
   const int64_t* sp = slots.data_ptr<int64_t>();

@@ -137,7 +137,7 @@ inline int64_t heads_at_once(int64_t left) { return left == 4 ? 2 : std::min<int
 // out[h][r] = (q_h . rows[r]) * scale. One 16-wide FMA chain per row and head (each K chunk loaded, and a bf16 one
 // widened, once for the NH heads), then each chain's two halves added and row_sums' tree: 8 NH + NH + 1 of the 32
 // vector registers for NH <= 3. Half the FMAs and loads of dot8x2's 8-wide chains, and the scores leave as one
-// vector store per head (perf/ISSUE16.md, "The decode attention's QK in 16-wide chains").
+// vector store per head (perf/ISSUE16.md, "The decode attention's memory reads").
 template <typename T, int NH>
 inline void dot16(const float* const* q, const T* const* rows, int64_t D, float scale, float* const* out) {
   __m512 acc[NH][8];
@@ -171,8 +171,9 @@ inline void score_rows16(const float* qb, const T* const* k8, int64_t H, int64_t
     const int64_t off = (h / G) * D, left = heads_at_once(G - h % G);
     const T* kh[8];
     for (int r = 0; r < 8; ++r) kh[r] = k8[r] + off;
-    const float* q[3] = {qb + h * D, qb + (h + 1) * D, qb + (h + 2) * D};
-    float* out[3] = {scores + h * n + j, scores + (h + 1) * n + j, scores + (h + 2) * n + j};
+    const float* q[3];  // the first `left` entries: the heads of this pass
+    float* out[3];
+    for (int64_t i = 0; i < left; ++i) q[i] = qb + (h + i) * D, out[i] = scores + (h + i) * n + j;
     if (left == 3) dot16<T, 3>(q, kh, D, scale, out);
     else if (left == 2) dot16<T, 2>(q, kh, D, scale, out);
     else dot16<T, 1>(q, kh, D, scale, out);
@@ -277,8 +278,8 @@ inline void accumulate_heads(const float* p, int64_t n, int64_t dc, RowAt vrow, 
 
 // acc (H, D) = probabilities (H, n) times the V rows, per query head: each element summed over the rows in order
 // with one FMA per row (axpy's arithmetic). With AVX-512 and D a multiple of 16: KV head by KV head, up to three
-// query heads and 64 columns at a time in registers (accumulate_block; perf/ISSUE16.md: the per-head axpy loaded
-// and stored its accumulators for every row).
+// query heads and 64 columns at a time in registers, rows in pairs where that leaves fewer than 8 FMA chains
+// (accumulate_block; perf/ISSUE16.md: the per-head axpy loaded and stored its accumulators for every row).
 template <typename T>
 void weigh_values(const float* probs, const T* vp, const int64_t* rows, int64_t n, int64_t H, int64_t G, int64_t D,
                   int64_t row, float* acc) {
@@ -390,7 +391,10 @@ void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const to
                               k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
             if (kHaveDot8x2 && h + 1 < H && (h + 1) / G == h / G) {  // two heads of this KV head: K read once
               dot8x2(qb + h * D, qb + (h + 1) * D, kh, D, s8, s8b);
-              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r] * sc, scores[(h + 1) * n + j + r] = s8b[r] * sc;
+              for (int r = 0; r < 8; ++r) {
+                scores[h * n + j + r] = s8[r] * sc;
+                scores[(h + 1) * n + j + r] = s8b[r] * sc;
+              }
               h += 2;
             } else {
               dot8(qb + h * D, kh, D, s8);
