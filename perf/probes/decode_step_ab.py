@@ -3,7 +3,9 @@ its decode steps alternating between the two (both build the same tensors and th
 the sequences are the same whichever ran a step), the median step of each. What "the revision's" means here: its
 compiled kernels (perf/probes/old_kernels.py) and, for the per-step Python, step_tensors' general path and torch's
 argmax (what the revision before the decode shortcut and argmax_rows ran); with --kernels-only, the kernels alone.
-A measurement, not a test.
+A base before the GEMV's strip layout (the commit after e445799) reads the GEMV's weight copies in its own older
+layout and gets other bits: compare across it with perf/probes/step_parts.py in two worktrees. A measurement, not
+a test.
 
     .venv/bin/python perf/probes/decode_step_ab.py --hf perf/out/llama125m --dtype bfloat16 --batch 16 --base HEAD~1
 """

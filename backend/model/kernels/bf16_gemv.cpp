@@ -4,11 +4,12 @@
 // beside float32 activations, with its own float32 summation order.
 //
 // Why: at one row a linear is a read of its weights. oneDNN's bf16 kernel reads its packed weights at ~20 GB/s on
-// the development CPU, where a plain read runs at 28-38 GB/s; this kernel reads W interleaved (bf16_gemv.py's
-// interleave: rows in blocks of 4, the last block the remaining rows, each block's rows 32 values at a time,
-// [K/32][rows][32]), so each thread's share is one sequential stream, read at ~0.9x a plain read (perf/ISSUE16.md,
-// the 125M model's layers from DRAM). At 2-16 rows each block is read from memory once for every row (the next
-// blocks prefetched meanwhile): the 125M model's linears at 8 rows in 0.7x oneDNN's time, at 16 in 0.85x.
+// the development CPU, where a plain read runs at 28-38 GB/s. This kernel reads W in strips of 64 output columns
+// (bf16_gemv.py's interleave: per strip [K/2][columns][2], the pair layout VDPBF16PS multiplies), so each thread's
+// share is one sequential stream. Each accumulator holds 16 output columns and sums its K pairs in order: no
+// horizontal sums at the end. The first form of this kernel summed each output along K in one vector and reduced it
+// at the end; at K = 256 (the demo model) those reductions cost as much as the products, and this form takes 0.52-0.66x
+// its time at 16 rows there, 0.8-0.9x at the 125M model's shapes, <= 1x at one row (perf/ISSUE16.md).
 // AVX-512 BF16 only (VDPBF16PS; with AVX-512 BW / VL for the masked tails, which every such CPU has); elsewhere
 // bf16_gemv_available() is false and oneDNN keeps every linear.
 #include "kernels.h"
@@ -22,93 +23,87 @@
 
 namespace {
 
-// Rows per block. Measured on the development CPU (2026-11-26, the 125M model's layers from DRAM, 2 threads): 4 rows
-// 30.1 GB/s, 2 rows 30.1, 8 rows 25.3, 16 rows 23.9, a plain read 33.2; one thread 26.0 / 24.7 / 23.5 / 21.5 / 28.9.
-constexpr int64_t kRows = 4;
-constexpr int64_t kChunk = 32;  // bf16 values per 512-bit load
+constexpr int64_t kLanes = 16;  // output columns per accumulator (its float32 lanes); bf16_gemv.py's LANES
+constexpr int64_t kStripTiles = 4;  // accumulators across a strip: 64 columns (bf16_gemv.py's STRIP)
+constexpr int64_t kStrip = kLanes * kStripTiles;
 
-// Four float32 values -> bf16 -> float32, rounding to nearest even with NaN kept quiet: c10::BFloat16's rounding
+// Sixteen float32 values -> bf16 -> float32, rounding to nearest even with NaN kept quiet: c10::BFloat16's rounding
 // (torch's .to(torch.bfloat16), oneDNN's bf16 output), denormals included, on integer lanes.
-inline __m128 round_bf16(__m128 v) {
-  const __m128i bits = _mm_castps_si128(v);
-  const __m128i lsb = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
-  const __m128i rounded = _mm_and_si128(_mm_add_epi32(bits, _mm_add_epi32(lsb, _mm_set1_epi32(0x7fff))),
-                                        _mm_set1_epi32(static_cast<int>(0xffff0000u)));
-  const __m128 nan = _mm_castsi128_ps(_mm_set1_epi32(0x7fc00000));
-  return _mm_blendv_ps(_mm_castsi128_ps(rounded), nan, _mm_cmpunord_ps(v, v));
+inline __m512 round_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
+                                           _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(rounded), nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
 }
 
-// The four sums of a0..a3's lanes, [sum a0, sum a1, sum a2, sum a3]: one transpose-and-add tree for the four (13
-// instructions where four separate reductions take ~32; at 24 chunks a row, K = 768, they would cost as much as the
-// products). The same tree for every row: a row's sums do not depend on the rows beside it.
-inline __m128 sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));  // per 128: a0 a1 a0 a1
-  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
-  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));  // a0 a1 a2 a3
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-// out[0..rows) = round_bf16(sums + bias[0..rows)) for rows <= 4; bias: bf16 or nullptr.
-inline void finish(__m128 v, float* out, const at::BFloat16* bias, int64_t rows) {
-  const __mmask8 mask = static_cast<__mmask8>((1u << rows) - 1);
-  if (bias != nullptr) {  // bf16 -> float32 is exact: the 16 bits move to the top half
-    const __m128i b16 = _mm_cvtepu16_epi32(_mm_maskz_loadu_epi16(mask, bias));  // no read past the end
-    v = _mm_add_ps(v, _mm_castsi128_ps(_mm_slli_epi32(b16, 16)));
-  }
-  _mm_mask_storeu_ps(out, mask, round_bf16(v));
-}
-
-// Rows m of out (ldo apart), columns [0, rows): round_bf16(dot(row r of the block, row m of xs) + bias[r]) for MT
-// rows of xs (Kp bf16 values apart); block: [chunks][rows][32] bf16, rows <= 4 (kFull: 4, known when compiling).
-// Every (m, r) sum is one float32 vector accumulated chunk by chunk, then reduced by sums4. MT x 4 accumulators, 4
-// weight vectors and one x vector stay in the 32 registers (MT <= 6): each weight chunk is loaded once for MT rows
-// (from DRAM for the first MT, from the caches for the next).
-// `next`: a block to prefetch chunk by chunk into L2 meanwhile (nullptr: none).
-template <bool kFull, int64_t MT>
-void block_dots(const uint16_t* block, const uint16_t* xs, int64_t Kp, int64_t chunks, int64_t rows, float* out,
-                int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
-  const int64_t n = kFull ? kRows : rows;
-  __m512 acc[MT][kRows];
+// Rows m of out (ldo apart), the strip's `cols` columns: round_bf16(dot(column c of W, row m of xs) + bias[c]) for
+// MT rows of xs (Kp bf16 values apart, read as Kp / 2 pairs). strip: [Kp / 2][cols][2] bf16, TT = ceil(cols / 16)
+// accumulators a row, the last one masked where cols is not a multiple of 16 (only a linear's last strip; kFull:
+// cols == 16 TT, known when compiling, plain loads and a constant stride: masked loads took 2.4x the time).
+// MT x TT accumulators, TT weight vectors and one broadcast pair of x stay in the 32 registers (MT <= 6, TT <= 4):
+// each weight vector is loaded once for MT rows (from DRAM for the first MT, from the caches for the next).
+// `next`: a strip to prefetch pair by pair into L2 meanwhile (nullptr: none).
+template <bool kFull, int64_t MT, int64_t TT>
+void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t cols, float* out, int64_t ldo,
+                const at::BFloat16* bias, const uint16_t* next) {
+  const int64_t pairs = Kp / 2, width = kFull ? TT * kLanes : cols;
+  const int64_t last = width - (TT - 1) * kLanes;  // 1..16 columns in the last accumulator
+  const __mmask16 last_mask = static_cast<__mmask16>((1u << last) - 1);
+  __m512 acc[MT][TT];
   for (int64_t m = 0; m < MT; ++m)
-    for (int64_t r = 0; r < kRows; ++r) acc[m][r] = _mm512_setzero_ps();  // rows past n stay zero
-  for (int64_t c = 0; c < chunks; ++c) {
-    const uint16_t* chunk = block + c * n * kChunk;
+    for (int64_t t = 0; t < TT; ++t) acc[m][t] = _mm512_setzero_ps();
+  const auto* x_pairs = reinterpret_cast<const int32_t*>(xs);  // bf16 pairs of each row of x, Kp / 2 a row
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* row = strip + p * width * 2;  // this pair of every column of the strip
     if (next != nullptr)
-      for (int64_t r = 0; r < kRows; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(next + (c * kRows + r) * kChunk), _MM_HINT_T1);
-    __m512bh w[kRows];
-    for (int64_t r = 0; r < n; ++r) w[r] = (__m512bh)_mm512_loadu_si512(chunk + r * kChunk);
+      for (int64_t t = 0; t < kStripTiles; ++t)
+        _mm_prefetch(reinterpret_cast<const char*>(next + (p * kStripTiles + t) * 2 * kLanes), _MM_HINT_T1);
+    __m512bh w[TT];
+    for (int64_t t = 0; t + 1 < TT; ++t) w[t] = (__m512bh)_mm512_loadu_si512(row + t * 2 * kLanes);
+    const uint16_t* tail = row + (TT - 1) * 2 * kLanes;
+    w[TT - 1] = (__m512bh)(kFull ? _mm512_loadu_si512(tail) : _mm512_maskz_loadu_epi32(last_mask, tail));
     for (int64_t m = 0; m < MT; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs + m * Kp + c * kChunk);
-      for (int64_t r = 0; r < n; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], w[r], xv);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(x_pairs[m * pairs + p]);
+      for (int64_t t = 0; t < TT; ++t) acc[m][t] = _mm512_dpbf16_ps(acc[m][t], w[t], xv);
     }
   }
-  for (int64_t m = 0; m < MT; ++m) finish(sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]), out + m * ldo, bias, n);
+  for (int64_t t = 0; t < TT; ++t) {
+    const __mmask16 mask = kFull || t + 1 < TT ? static_cast<__mmask16>(0xffff) : last_mask;
+    __m512 b = _mm512_setzero_ps();
+    if (bias != nullptr)  // bf16 -> float32 is exact: the 16 bits move to the top half
+      b = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + t * kLanes)), 16));
+    for (int64_t m = 0; m < MT; ++m) {
+      const __m512 sum = bias != nullptr ? _mm512_add_ps(acc[m][t], b) : acc[m][t];
+      _mm512_mask_storeu_ps(out + m * ldo + t * kLanes, mask, round_bf16(sum));
+    }
+  }
 }
 
-constexpr int64_t kTile = 6;  // rows of x per pass over a block
-constexpr int64_t kAhead = 4;  // blocks between the one computed and the one prefetched
+constexpr int64_t kTile = 6;  // rows of x per pass over a strip
+constexpr int64_t kAhead = 2;  // strips between the one computed and the one prefetched
 
-// Every row of xs (M of them) against one block: passes of kTile rows, then the remaining 1 to kTile - 1 rows.
-// With more than one pass the block is read from memory once and from the caches after, and the memory would sit
-// idle during the later passes: the first pass prefetches a later full block (`next`, kAhead blocks on; nullptr:
-// none) so that its read overlaps this block's products.
-template <bool kFull>
-void block_rows(const uint16_t* block, const uint16_t* xs, int64_t M, int64_t Kp, int64_t chunks, int64_t rows,
-                float* out, int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
+// Every row of xs (M of them) against one strip: passes of kTile rows, then the remaining 1 to kTile - 1 rows.
+// With more than one pass the strip is read from memory once and from the caches after, and the memory would sit
+// idle during the later passes: the first pass prefetches a later full strip (`next`, kAhead strips on; nullptr:
+// none) so that its read overlaps this strip's products.
+template <bool kFull, int64_t TT>
+void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp, int64_t cols, float* out,
+                int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
   const uint16_t* prefetch = M > kTile ? next : nullptr;  // one pass: the hardware's stream prefetch keeps up
   int64_t m = 0;
   for (; m + kTile <= M; m += kTile, prefetch = nullptr)
-    block_dots<kFull, kTile>(block, xs + m * Kp, Kp, chunks, rows, out + m * ldo, ldo, bias, prefetch);
+    strip_dots<kFull, kTile, TT>(strip, xs + m * Kp, Kp, cols, out + m * ldo, ldo, bias, prefetch);
   const uint16_t* x = xs + m * Kp;
   float* o = out + m * ldo;
   switch (M - m) {
-    case 5: block_dots<kFull, 5>(block, x, Kp, chunks, rows, o, ldo, bias, prefetch); break;
-    case 4: block_dots<kFull, 4>(block, x, Kp, chunks, rows, o, ldo, bias, prefetch); break;
-    case 3: block_dots<kFull, 3>(block, x, Kp, chunks, rows, o, ldo, bias, prefetch); break;
-    case 2: block_dots<kFull, 2>(block, x, Kp, chunks, rows, o, ldo, bias, prefetch); break;
-    case 1: block_dots<kFull, 1>(block, x, Kp, chunks, rows, o, ldo, bias, prefetch); break;
+    case 5: strip_dots<kFull, 5, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
+    case 4: strip_dots<kFull, 4, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
+    case 3: strip_dots<kFull, 3, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
+    case 2: strip_dots<kFull, 2, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
+    case 1: strip_dots<kFull, 1, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
     default: break;
   }
 }
@@ -121,14 +116,14 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && x.scalar_type() == at::kFloat,
               "bf16_gemv: x (M, K) float32 with 1 <= M <= ", kGemvMaxRows);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
-                  packed.size(1) % kChunk == 0, "bf16_gemv: packed (N, K padded to 32) bfloat16, interleaved");
-  const int64_t M = x.size(0), N = packed.size(0), Kp = packed.size(1), K = x.size(1), chunks = Kp / kChunk;
-  TORCH_CHECK(K <= Kp && Kp - K < kChunk, "bf16_gemv: x has ", K, " columns, the weight ", Kp, " (padded)");
+                  packed.size(1) % 2 == 0, "bf16_gemv: packed (N, K padded to 2) bfloat16, interleaved");
+  const int64_t M = x.size(0), N = packed.size(0), Kp = packed.size(1), K = x.size(1);
+  TORCH_CHECK(K <= Kp && Kp - K < 2, "bf16_gemv: x has ", K, " columns, the weight ", Kp, " (padded)");
   const bool has_bias = bias.defined() && bias.numel() > 0;
   TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kBFloat16 && bias.is_contiguous()),
               "bf16_gemv: bias (N,) bfloat16");
   // x rounded to bf16 as PrepackedLinear rounds it (the same ATen conversion), zero past K (the padded weight
-  // columns are zero too): (M, Kp) contiguous
+  // column is zero too): (M, Kp) contiguous
   auto xb = x.to(at::kBFloat16);
   xb = (Kp > K ? at::constant_pad_nd(xb, {0, Kp - K}) : xb).contiguous();
   auto y = torch::empty({M, N}, x.options());
@@ -136,16 +131,25 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const auto* xv = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
   const at::BFloat16* b = has_bias ? bias.data_ptr<at::BFloat16>() : nullptr;
-  const int64_t blocks = (N + kRows - 1) / kRows;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t blk = begin; blk < end; ++blk) {
-      const int64_t n0 = blk * kRows, rows = std::min(kRows, N - n0);
-      const at::BFloat16* bias_rows = b ? b + n0 : nullptr;
-      // the block kAhead blocks on, where it is a full one of this thread's
+  const int64_t strips = (N + kStrip - 1) / kStrip;
+  at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t n0 = s * kStrip, cols = std::min(kStrip, N - n0);
+      const uint16_t* strip = w + n0 * Kp;
+      const at::BFloat16* bias_cols = b ? b + n0 : nullptr;
+      // the strip kAhead strips on, where it is a full one of this thread's
       const uint16_t* next =
-          blk + kAhead < end && n0 + (kAhead + 1) * kRows <= N ? w + (n0 + kAhead * kRows) * Kp : nullptr;
-      if (rows == kRows) block_rows<true>(w + n0 * Kp, xv, M, Kp, chunks, rows, yp + n0, N, bias_rows, next);
-      else block_rows<false>(w + n0 * Kp, xv, M, Kp, chunks, rows, yp + n0, N, bias_rows, nullptr);
+          s + kAhead < end && n0 + (kAhead + 1) * kStrip <= N ? w + (n0 + kAhead * kStrip) * Kp : nullptr;
+      if (cols == kStrip) {
+        strip_rows<true, kStripTiles>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, next);
+        continue;
+      }
+      switch ((cols + kLanes - 1) / kLanes) {  // the last strip: 1 to 63 columns
+        case 4: strip_rows<false, 4>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
+        case 3: strip_rows<false, 3>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
+        case 2: strip_rows<false, 2>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
+        default: strip_rows<false, 1>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
+      }
     }
   });
   return y;

@@ -15,7 +15,7 @@ import torch
 from backend.kernel_choices import DECODE_GEMV
 from backend.model.kernels.build import avx512_bf16_missing, load
 
-ROWS, CHUNK = 4, 32  # bf16_gemv.cpp's kRows, kChunk
+LANES, STRIP = 16, 64  # bf16_gemv.cpp's kLanes (output columns per accumulator) and kStrip (columns per strip)
 # Most rows of x per call (kernels.h's kGemvMaxRows): products of up to 16 rows (a decode step of up to 16 sequences)
 # read the weights once and compute at or beyond oneDNN's rate; more go to oneDNN (perf/ISSUE16.md).
 MAX_ROWS = 16
@@ -23,20 +23,21 @@ _NO_BIAS = torch.empty(0)  # the kernel's "no bias", made once: the call sits on
 
 
 def interleaved_width(k: int) -> int:
-    """The interleaved copy's row width for K input features: K padded to whole 32-value chunks."""
-    return -(-k // CHUNK) * CHUNK
+    """The interleaved copy's row width for K input features: K padded to whole pairs."""
+    return k + k % 2
 
 
 def interleave(w: torch.Tensor) -> torch.Tensor:
-    """w (N, K) -> (N, K padded to 32) bf16 holding bf16_gemv.cpp's layout: rows in blocks of ROWS (the last block:
-    the rest), each block [K/32][rows][32], so that a block is read in order. Padded columns are zero."""
+    """w (N, K) -> (N, K padded to 2) bf16 holding bf16_gemv.cpp's layout: columns of the output (rows of w) in strips
+    of STRIP (the last strip: the rest), each strip [K/2][columns][2] (each column's K values in pairs, the pairs in
+    order), so that a strip is read in order. A padded K column is zero."""
     n, k = w.shape
     kp = interleaved_width(k)
     w = torch.nn.functional.pad(w.detach().to(torch.bfloat16), (0, kp - k))
-    full = n // ROWS * ROWS
-    parts = [w[:full].reshape(n // ROWS, ROWS, kp // CHUNK, CHUNK).transpose(1, 2).reshape(-1)]
+    full = n // STRIP * STRIP
+    parts = [w[:full].reshape(n // STRIP, STRIP, kp // 2, 2).transpose(1, 2).reshape(-1)]
     if full < n:
-        parts.append(w[full:].reshape(n - full, kp // CHUNK, CHUNK).transpose(0, 1).reshape(-1))
+        parts.append(w[full:].reshape(n - full, kp // 2, 2).transpose(0, 1).reshape(-1))
     return torch.cat(parts).view(n, kp)
 
 

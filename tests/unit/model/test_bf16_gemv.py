@@ -12,14 +12,15 @@ from torch import nn
 from backend.engine.config import EngineConfig
 from backend.model.kernels import bf16_gemv as gemv_module
 from backend.model.kernels.bf16_gemv import (
-    MAX_ROWS, ROWS, bf16_gemv, interleave, interleaved_width, resolve_decode_gemv, unsupported)
+    MAX_ROWS, STRIP, bf16_gemv, interleave, interleaved_width, resolve_decode_gemv, unsupported)
 from backend.model.prepacked_linear import PrepackedLinear, bf16_linears_unavailable, gemv_copy_bytes, prepack_linears
 
 CPU = torch.device("cpu")
 NO_GEMV = unsupported(CPU) or bf16_linears_unavailable(CPU)
 needs_gemv = pytest.mark.skipif(NO_GEMV is not None, reason=f"bf16 GEMV: {NO_GEMV}")
-# (out, in): a full block, row and column tails, fewer rows than a block, the 125M model's proj, a vocabulary
-SHAPES = [(16, 32), (37, 70), (5, 3), (768, 3072), (1000, 96)]
+# (out, in): two full strips, a strip of 37 (a partial accumulator) and an odd K, 5 columns of a 3-wide K, the 125M
+# model's proj, a vocabulary (a 40-column last strip), a strip and 1 (a 1-column last strip)
+SHAPES = [(128, 32), (37, 70), (5, 3), (768, 3072), (1000, 96), (65, 9)]
 
 
 def _operands(n: int, k: int, bias: bool, seed: int, rows: int = 1):
@@ -30,17 +31,18 @@ def _operands(n: int, k: int, bias: bool, seed: int, rows: int = 1):
 
 
 def test_the_interleaved_layout():
-    """Rows in blocks of ROWS, the last block the rest; each block's rows 32 values at a time; columns padded with 0."""
-    n, k = 4 * ROWS + 3, 70
+    """Output columns (rows of w) in strips of STRIP, the last strip the rest; each strip's columns a K pair at a
+    time, [K/2][columns][2]; an odd K padded with a zero column."""
+    n, k = 2 * STRIP + 3, 71
     w = torch.arange(1, n * k + 1, dtype=torch.int16).view(torch.bfloat16).view(n, k)  # every value's bits distinct
     packed = interleave(w)
-    assert packed.shape == (n, interleaved_width(k)) == (n, 96)
-    flat, padded = packed.reshape(-1).view(torch.int16), F.pad(w, (0, 96 - k)).view(torch.int16)
+    assert packed.shape == (n, interleaved_width(k)) == (n, 72)
+    flat, padded = packed.reshape(-1).view(torch.int16), F.pad(w, (0, 72 - k)).view(torch.int16)
     for row in range(n):
-        for col in range(96):
-            block, r = divmod(row, ROWS)
-            rows = min(ROWS, n - ROWS * block)
-            offset = block * ROWS * 96 + (col // 32) * rows * 32 + r * 32 + col % 32
+        for col in range(72):
+            strip, c = divmod(row, STRIP)
+            cols = min(STRIP, n - STRIP * strip)
+            offset = strip * STRIP * 72 + (col // 2) * cols * 2 + c * 2 + col % 2
             assert flat[offset] == padded[row, col], (row, col)
 
 
@@ -130,7 +132,7 @@ def test_the_copies_bytes():
 
     model = Mlp()
     expected = gemv_copy_bytes(model)
-    assert expected == (32 * 32 + 8 * 64) * 2  # fc_gate (32, 8 -> 32 wide) and proj (8, 40 -> 64 wide); fc / gate fused
+    assert expected == (32 * 8 + 8 * 40) * 2  # fc_gate (32, 8) and proj (8, 40), K even: no padding; fc / gate fused
     prepack_linears(model, torch.bfloat16, gemv=True)
     held = [m.gemv for m in model.modules() if isinstance(m, PrepackedLinear) and m.gemv is not None]
     assert sum(t.numel() * t.element_size() for t in held) == expected and len(held) == 2
@@ -145,12 +147,15 @@ def test_the_kernel_refuses_what_it_cannot_read():
             bf16_gemv(torch.randn(rows, 70), packed, b)
     with pytest.raises(RuntimeError, match=r"bf16_gemv: x \(M, K\) float32"):
         bf16_gemv(torch.randn(2, 70, dtype=torch.float64), packed, b)
-    with pytest.raises(RuntimeError, match="bf16_gemv: x has 20 columns, the weight 96"):
+    with pytest.raises(RuntimeError, match="bf16_gemv: x has 20 columns, the weight 70"):
         bf16_gemv(torch.randn(1, 20), packed, b)
     with pytest.raises(RuntimeError, match=r"bf16_gemv: bias \(N,\) bfloat16"):
         bf16_gemv(x, packed, b[:5])
+    odd = torch.zeros(37, 71, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="bf16_gemv: packed"):
-        bf16_gemv(x, w, b)  # not padded to 32 columns
+        bf16_gemv(torch.randn(1, 71), odd, b)  # not padded to whole pairs
+    with pytest.raises(RuntimeError, match="bf16_gemv: packed"):
+        bf16_gemv(x, packed.float(), b)  # not bf16
 
 
 def test_where_it_is_chosen(monkeypatch):
