@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from backend.engine.prefix_cache import PrefixCache, block_key
@@ -190,18 +191,27 @@ class BlockManager:
             if self.cache is None or block not in self.cache:
                 self._free.move_to_end(block, last=False)  # uncached blocks are handed out first
 
-    def slots(self, seqs: list[Sequence], lengths: torch.Tensor, firsts: torch.Tensor | None = None) -> torch.Tensor:
-        """Cache slot of positions firsts[b] <= p < lengths[b] of seqs[b]: (B, longest span), column j holding
-        position firsts[b] + j, 0 past a sequence's length (and for released blocks, which no query sees)."""
-        firsts = torch.zeros_like(lengths) if firsts is None else firsts
-        B, L, size = len(seqs), int((lengths - firsts).max()), self.block_size
+    def slots(self, seqs: list[Sequence], lengths: list[int], firsts: list[int] | None = None) -> torch.Tensor:
+        """Cache slot of positions firsts[b] <= p < lengths[b] of seqs[b]: (B, longest span) int64, column j holding
+        position firsts[b] + j, 0 past a sequence's length (and for released blocks, which no query sees).
+        Built in NumPy (one call per step, ~10 small array operations): torch's per-operation cost made the same
+        operations ~100 us of a decode step at 16 sequences on the development CPU, NumPy's ~25 (perf/ISSUE16.md)."""
+        firsts = [0] * len(seqs) if firsts is None else firsts
+        B, size = len(seqs), self.block_size
         width = max(len(seq.block_table) for seq in seqs)
-        # (B, blocks) padded block tables, built as one list: one tensor a step, not one per sequence
-        tables = torch.tensor([[0 if x is None else x for x in seq.block_table] + [0] * (width - len(seq.block_table))
-                               for seq in seqs], dtype=torch.long)
-        positions = firsts[:, None] + torch.arange(L)  # (B, L)
-        slots = tables.gather(1, (positions // size).clamp(max=width - 1)) * size + positions % size
-        return torch.where(positions < lengths[:, None], slots, 0)
+        span = max(length - first for length, first in zip(lengths, firsts))
+        # (B, blocks) padded block tables, built as one list: one array a step, not one per sequence
+        tables = np.array([[0 if x is None else x for x in seq.block_table] + [0] * (width - len(seq.block_table))
+                           for seq in seqs], dtype=np.int64)
+        held = (tables[:, :, None] * size + np.arange(size)).reshape(B, -1)  # (B, width * size): slot of positions
+        if any(firsts):  # column j of row b: position firsts[b] + j (clipped: past a length it is zeroed below)
+            columns = np.minimum(np.asarray(firsts, dtype=np.int64)[:, None] + np.arange(span), width * size - 1)
+            slots = np.take_along_axis(held, columns, axis=1)
+        else:  # every table covers its sequence's length, so span <= width * size
+            slots = held[:, :span].copy()
+        spans = np.asarray(lengths, dtype=np.int64) - np.asarray(firsts, dtype=np.int64)
+        slots[np.arange(span) >= spans[:, None]] = 0
+        return torch.from_numpy(slots)
 
     def _claim(self, block: int, reuse: bool) -> int:
         """Take a reference on a block: a cache hit (reuse its K/V) or a fresh one (evict what it cached)."""

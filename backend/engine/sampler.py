@@ -36,7 +36,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     results = []
     for i, seq in enumerate(seqs):
         try:
-            token = _choose(logits[i], argmax[i], seq)
+            token = _choose(logits, i, argmax[i], seq)
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not fail the step's other rows
             results.append(SampleResult(0, None, f"sampling failed for this request: {exc}"))
             continue
@@ -63,11 +63,13 @@ def _top(log_probs: torch.Tensor, k: int) -> TopLogProbs:
     return tuple(zip(ids.tolist(), values.tolist()))
 
 
-def _choose(logits: torch.Tensor, argmax: int, seq: Sequence) -> int:
+def _choose(logits: torch.Tensor, i: int, argmax: int, seq: Sequence) -> int:
+    """Row i's token; the row is taken out of logits (S, vocab) only where it is needed (~1.5 us an indexing, a
+    quarter of a greedy batch-16 step's sampling)."""
     sampling = seq.request.sampling
     if sampling.greedy and not _has_controls(seq):
         return argmax
-    row = _apply_controls(logits.clone(), seq)
+    row = _apply_controls(logits[i].clone(), seq)
     if sampling.greedy:
         if bool(torch.isneginf(row).all()):
             raise SamplingError("every token is masked (bad_words / min_tokens)")

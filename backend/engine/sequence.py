@@ -131,10 +131,13 @@ class Sequence:
             end -= self._stop_word_prefix_len()
         start = self.num_emitted
         self.num_emitted = max(self.num_emitted, end)
-        return Emitted(self.output_ids[start:end], self.output_log_probs[start:end],
+        prompt = self.num_prompt_tokens  # token_ids sliced in place: output_ids would copy the whole output each step
+        return Emitted(self.token_ids[prompt + start : prompt + end], self.output_log_probs[start:end],
                        self.output_top_log_probs[start:end])
 
     def _stop_word_prefix_len(self) -> int:
+        if not self.request.sampling.stop_words:
+            return 0
         out, longest = self.output_ids, 0
         for word in self.request.sampling.stop_words:
             for k in range(min(len(word) - 1, len(out)), longest, -1):

@@ -8,6 +8,7 @@ mlp.fc/gate/proj, ...; backend/formats/checkpoint_tensors.py), so a checkpoint l
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ class AttentionMetadata:
     query_index: torch.Tensor  # (B, Q) flat token index of each sequence's new tokens, padded with 0
     query_flat: torch.Tensor  # (T,) index of each flat token in the padded (B * Q) layout
     context_slots: torch.Tensor  # (B, L) cache slot of each context position, padded with 0
-    masks: dict[int | None, torch.Tensor]  # window (None: full) -> (B, 1, Q, L) bool: query may attend to key
+    masks: Mapping[int | None, torch.Tensor]  # window (None: full) -> (B, 1, Q, L) bool: query may attend to key
     cos: torch.Tensor  # (T, rotary_dim) rotary cos at each token's position, activations' dtype
     sin_signed: torch.Tensor  # (T, rotary_dim) rotary sin, first half negated (rotate-half's sign folded in)
     decode_only: bool = False  # every sequence has one new token (Q == 1, T == B): no padded query layout needed

@@ -24,6 +24,7 @@ class RotaryEmbedding:
     def __init__(self, spec: RopeSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
         self._dynamic: dict[int, torch.Tensor] = {}
+        self._signs: torch.Tensor | None = None  # _signed_scaling's
         if spec.kind == "longrope":
             self.short = longrope_inv_freq(spec, spec.params["short_factor"]).to(device)
             self.long = longrope_inv_freq(spec, spec.params["long_factor"]).to(device)
@@ -40,10 +41,30 @@ class RotaryEmbedding:
                 total_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions, prompt_len, total_len: (T,) int64 per token (the last two its sequence's). Returns cos, sin
         (T, dim) float32."""
+        emb = self._angles(positions, prompt_len, total_len)
+        return emb.cos() * self.scaling, emb.sin() * self.scaling
+
+    def cos_signed_sin(self, positions: torch.Tensor, prompt_len: torch.Tensor,
+                       total_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin()'s cos, and its sin with the first half negated (decoder.signed_sin's form), the same bits in
+        fewer operations (each ~2 us on the development CPU, every step): the negation rides on the scaling's multiply
+        (x * -s == -(x * s) in IEEE arithmetic), and cos skips a multiply by 1.0 (x * 1.0 == x)."""
+        emb = self._angles(positions, prompt_len, total_len)
+        cos = emb.cos() if self.scaling == 1.0 else emb.cos() * self.scaling
+        return cos, emb.sin() * self._signed_scaling(emb.shape[-1])
+
+    def _angles(self, positions: torch.Tensor, prompt_len: torch.Tensor, total_len: torch.Tensor) -> torch.Tensor:
+        """(T, dim) float32: each token's position times its inverse frequencies, the half repeated (HF's emb)."""
         inv = self._inv_freq(positions, prompt_len, total_len)  # (T, dim / 2) or (dim / 2,)
         freqs = positions.to(self.device).float()[:, None] * inv
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.scaling, emb.sin() * self.scaling
+        return torch.cat((freqs, freqs), dim=-1)
+
+    def _signed_scaling(self, dim: int) -> torch.Tensor:
+        """(dim,) float32: -scaling over the first half, scaling over the second (made once per width)."""
+        if self._signs is None or self._signs.shape[0] != dim:
+            half = torch.full((dim // 2,), self.scaling, dtype=torch.float32, device=self.device)
+            self._signs = torch.cat((-half, half))
+        return self._signs
 
     def _inv_freq(self, positions: torch.Tensor, prompt_len: torch.Tensor, total_len: torch.Tensor) -> torch.Tensor:
         if self.spec.kind == "longrope":

@@ -7,11 +7,12 @@ ModelRunner uses.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from backend.model.decoder import AttentionMetadata, signed_sin
+from backend.model.decoder import AttentionMetadata
 from backend.model.rotary import RotaryEmbedding
 
 _HEADER = 3  # T, B, L
@@ -88,26 +89,54 @@ def _decode_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[in
     tensors (tests/unit/model/test_step_inputs.py) in a third of the time (~95 us instead of ~285 for 16 sequences
     on the development CPU, 4 % of the demo model's batch-16 step; perf/ISSUE16.md)."""
     start, end, ctx_slots, ctx0 = inputs.start, inputs.end, inputs.context_slots, inputs.ctx_start
-    B, L = ctx_slots.shape
-    key_pos = ctx0[:, None] + torch.arange(L)  # (B, L) position held by each context column
-    causal = (key_pos < end[:, None])[:, None, None, :]  # (B, 1, 1, L): the query at start sees keys < end
-    masks = {w: (causal if w is None else causal & (key_pos > (start - w)[:, None])[:, None, None, :]).to(device)
-             for w in windows}
-    cos, sin = rotary.cos_sin(start, inputs.prompt_len, inputs.total_len)
+    B = ctx_slots.shape[0]
+    cos, sin_signed = rotary.cos_signed_sin(start, inputs.prompt_len, inputs.total_len)
     flat = torch.arange(B)  # token b is sequence b's only one
     meta = AttentionMetadata(
         slot_mapping=ctx_slots.gather(1, (start - ctx0)[:, None])[:, 0].to(device),
         query_index=flat[:, None].to(device),
         query_flat=flat.to(device),
         context_slots=ctx_slots.to(device),
-        masks=masks,
+        masks=DecodeMasks(inputs, windows, device),
         cos=cos.to(dtype),
-        sin_signed=signed_sin(sin.to(dtype)),
+        sin_signed=sin_signed.to(dtype),
         decode_only=True,
     )
     if paged_decode:
         meta.decode_columns = _decode_columns(end - ctx0, windows, device)
     return inputs.tokens.to(device), meta, flat[inputs.sampled.bool()].to(device)
+
+
+class DecodeMasks(Mapping):
+    """window (None: full) -> (B, 1, 1, L) bool mask of a decode step's queries, each built on first use: the paged
+    kernel and the compiled layers never read them (~15 us a step saved), SDPA over gathered rows does (FP8 pools,
+    attention_kernel "torch", CUDA graphs). The query at start sees keys at positions < end, and within a window w
+    those > start - w."""
+
+    def __init__(self, inputs: StepInputs, windows: set[int | None], device: torch.device) -> None:
+        self._inputs, self._windows, self._device = inputs, windows, device
+        self._built: dict[int | None, torch.Tensor] = {}
+
+    def __getitem__(self, window: int | None) -> torch.Tensor:
+        if window not in self._windows:
+            raise KeyError(window)
+        if window not in self._built:
+            self._built[window] = self._build(window).to(self._device)
+        return self._built[window]
+
+    def _build(self, window: int | None) -> torch.Tensor:
+        start, end, ctx0 = self._inputs.start, self._inputs.end, self._inputs.ctx_start
+        key_pos = ctx0[:, None] + torch.arange(self._inputs.context_slots.shape[1])  # (B, L) each column's position
+        seen = key_pos < end[:, None]
+        if window is not None:
+            seen &= key_pos > (start - window)[:, None]
+        return seen[:, None, None, :]
+
+    def __iter__(self) -> Iterator[int | None]:
+        return iter(self._windows)
+
+    def __len__(self) -> int:
+        return len(self._windows)
 
 
 def _step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int | None], dtype: torch.dtype,
@@ -131,7 +160,7 @@ def _step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int 
              for w in windows}
     positions = q_pos[q_valid]  # (T,)
     per_token = [t[:, None].expand(B, Q)[q_valid] for t in (inputs.prompt_len, inputs.total_len)]
-    cos, sin = rotary.cos_sin(positions, *per_token)
+    cos, sin_signed = rotary.cos_signed_sin(positions, *per_token)
     meta = AttentionMetadata(
         slot_mapping=ctx_slots.gather(1, q_pos - ctx0[:, None])[q_valid].to(device),
         query_index=q_idx.to(device),
@@ -139,7 +168,7 @@ def _step_tensors(inputs: StepInputs, rotary: RotaryEmbedding, windows: set[int 
         context_slots=ctx_slots.to(device),
         masks=masks,
         cos=cos.to(dtype),
-        sin_signed=signed_sin(sin.to(dtype)),
+        sin_signed=sin_signed.to(dtype),
         decode_only=Q == 1 and inputs.tokens.numel() == B,
         causal=_causal_windows(start, ctx0, Q, windows),
     )

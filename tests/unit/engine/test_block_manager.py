@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from backend.engine.block_manager import BlockManager
 
@@ -47,7 +46,7 @@ def test_slot_maps_positions_through_the_block_table(make_seq):
     blocks.ensure_slots(b, 4)  # b: [1]
     blocks.ensure_slots(a, 9)  # a: [0, 2, 3]: its blocks are not contiguous
     assert a.block_table == [0, 2, 3] and b.block_table == [1]
-    assert blocks.slots([a, b], torch.tensor([9, 4])).tolist() == [
+    assert blocks.slots([a, b], [9, 4]).tolist() == [
         [0, 1, 2, 3, 8, 9, 10, 11, 12],
         [4, 5, 6, 7, 0, 0, 0, 0, 0],  # 0 past b's length
     ]

@@ -49,7 +49,7 @@ def _step() -> StepInputs:
 
 
 class _Rotary:
-    def cos_sin(self, positions, prompt_len, total_len):
+    def cos_signed_sin(self, positions, prompt_len, total_len):
         angle = positions.float()[:, None] * torch.ones(1, 8)
         return angle.cos(), angle.sin()
 

@@ -11,6 +11,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from backend.formats.checkpoint import TrtllmCheckpointConfig
 from backend.formats.config_groups import LongRopeKeys
 from backend.model.rope import RopeSpec, dynamic_inv_freq, longrope_inv_freq, longrope_scaling, static_inv_freq
+from backend.model.decoder import signed_sin
 from backend.model.rotary import RotaryEmbedding
 
 HEAD, THETA = 16, 10000.0
@@ -88,6 +89,20 @@ def test_longrope_sets_and_scaling_are_hf():
     cos_long, _ = rotary.cos_sin(torch.tensor([5]), torch.tensor([20]), torch.tensor([33]))  # the sequence's length
     assert torch.equal(cos_short[0], torch.cat((5.0 * want_short,) * 2).cos() * want_scaling)
     assert torch.equal(cos_long[0], torch.cat((5.0 * want_long,) * 2).cos() * want_scaling)
+
+
+@pytest.mark.parametrize("kind", ["default", *sorted(SCALINGS)])
+def test_cos_signed_sin_is_cos_sin_with_signed_sin_bit_for_bit(kind):
+    """The decode step's one-multiply form against cos_sin() + decoder.signed_sin, yarn's scalings != 1 included,
+    over positions on both sides of the original context and more tokens than one vector holds."""
+    rotary = RotaryEmbedding(_ours(kind, SCALINGS.get(kind, {})), torch.device("cpu"))
+    positions = torch.arange(0, 400, 7)
+    lens = (positions + 1, positions + 1)
+    cos, sin = rotary.cos_sin(positions, *lens)
+    got_cos, got_sin = rotary.cos_signed_sin(positions, *lens)
+    assert torch.equal(got_cos, cos) and torch.equal(got_sin, signed_sin(sin))
+    if kind == "yarn_mscale":
+        assert rotary.scaling != 1.0  # the multiply that carries the sign is not a multiply by 1
 
 
 @pytest.mark.parametrize("scaling, message", [
