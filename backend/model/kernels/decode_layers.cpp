@@ -9,6 +9,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
+#include <limits>
+#include <optional>
 #include <string>
 
 namespace {
@@ -93,12 +96,14 @@ __attribute__((optimize("fp-contract=off"))) void rotate_and_store_rows(
   }
 }
 
-// Where rotate_and_store_rows applies: contiguous float32 qkv (T, (H + 2 KV) d), cos / sin_signed (T, rot) with an
-// even rot <= d, a contiguous float32 or bf16 pool pair of (S, KV, d), head size up to 512; else (false) the ATen
-// operations run instead.
-bool rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d, const torch::Tensor& cos,
-                      const torch::Tensor& sin_signed, const torch::Tensor& slots, const torch::Tensor& k_pool,
-                      const torch::Tensor& v_pool, torch::Tensor& q) {
+// rotate_and_store_rows where it applies, returning q (T, H, d): contiguous float32 qkv (T, (H + 2 KV) d), cos /
+// sin_signed (T, rot) with an even rot <= d, a contiguous float32 or bf16 pool pair of (S, KV, d), head size up to
+// 512; else nullopt, and the ATen operations run instead. The slots were checked against the pools once for every
+// layer (check_slots).
+std::optional<torch::Tensor> rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d,
+                                              const torch::Tensor& cos, const torch::Tensor& sin_signed,
+                                              const torch::Tensor& slots, const torch::Tensor& k_pool,
+                                              const torch::Tensor& v_pool) {
   const auto pool = k_pool.scalar_type();
   const bool ok = qkv.is_contiguous() && cos.is_contiguous() && sin_signed.is_contiguous() && slots.is_contiguous() &&
                   k_pool.is_contiguous() && v_pool.is_contiguous() && d <= 512 && v_pool.scalar_type() == pool &&
@@ -107,11 +112,10 @@ bool rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d
                   k_pool.dim() == 3 && k_pool.size(1) == KV && k_pool.size(2) == d && cos.dim() == 2 &&
                   cos.sizes() == sin_signed.sizes() && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
                   cos.size(1) <= d && qkv.dim() == 2 && qkv.size(1) == (H + 2 * KV) * d;
-  if (!ok) return false;
-  const int64_t T = qkv.size(0), rot = cos.size(-1), S = k_pool.size(0);
+  if (!ok) return std::nullopt;
+  const int64_t T = qkv.size(0), rot = cos.size(-1);
   const int64_t* sp = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(0 <= sp[t] && sp[t] < S, "decode_layers: slot outside the pool");
-  q = torch::empty({T, H, d}, qkv.options());
+  auto q = torch::empty({T, H, d}, qkv.options());
   if (pool == at::kBFloat16) {
     rotate_and_store_rows<at::BFloat16>(qkv.data_ptr<float>(), T, H, KV, d, rot, cos.data_ptr<float>(),
                                         sin_signed.data_ptr<float>(), sp, k_pool.data_ptr<at::BFloat16>(),
@@ -121,7 +125,20 @@ bool rotate_and_store(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d
                                  sin_signed.data_ptr<float>(), sp, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(),
                                  q.data_ptr<float>());
   }
-  return true;
+  return q;
+}
+
+// Every slot of the step inside every pool (rotate_and_store_rows writes there unchecked): once, before the layers.
+void check_slots(const torch::Tensor& slots, const std::vector<torch::Tensor>& k_caches,
+                 const std::vector<torch::Tensor>& v_caches) {
+  TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong, "decode_layers: slot_mapping (T,) int64");
+  int64_t rows = std::numeric_limits<int64_t>::max();
+  for (const auto* pools : {&k_caches, &v_caches})
+    for (const auto& pool : *pools) rows = std::min(rows, pool.size(0));
+  const auto contiguous = slots.contiguous();
+  const int64_t* sp = contiguous.data_ptr<int64_t>();
+  for (int64_t t = 0; t < contiguous.size(0); ++t)
+    TORCH_CHECK(0 <= sp[t] && sp[t] < rows, "decode_layers: slot outside the pool");
 }
 
 // The same as rotate_and_store with ATen operations, with q / k norms (Qwen3, Gemma 3) where the model has them:
@@ -173,15 +190,18 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
   const bool weight_f32 = dims[3] != 0, fused_mlp = dims[5] != 0, sandwich = dims[6] != 0;
   const double scale = scalars[0], softcap = scalars[1], eps = scalars[2];
   TORCH_CHECK(slot_mapping.size(0) == T && context_slots.size(0) == T, "decode_layers: one new token per sequence");
+  check_slots(slot_mapping, k_caches, v_caches);
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = &weights[l * kPerLayer];
     // Attention: qkv (T, (H + 2 KV) d) = q heads, k heads, v heads.
     auto qkv = packed_linear(rms_norm(x, w[kInputNorm], eps, weight_f32), w[kQkv], w[kQkvBias], w[kQkvGemv]);
-    torch::Tensor q;  // (T, H, d), rotated; the step's K/V rows written to the pools
-    if (present(w[kQNorm]) ||
-        !rotate_and_store(qkv, H, KV, d, cos, sin_signed, slot_mapping, k_caches[l], v_caches[l], q)) {
-      q = rotate_and_store_aten(qkv, w, T, H, KV, d, eps, cos, sin_signed, slot_mapping, k_caches[l], v_caches[l]);
-    }
+    // q (T, H, d), rotated; the step's K/V rows written to the pools
+    std::optional<torch::Tensor> fast;
+    if (!present(w[kQNorm]))
+      fast = rotate_and_store(qkv, H, KV, d, cos, sin_signed, slot_mapping, k_caches[l], v_caches[l]);
+    const auto q = fast ? *fast
+                        : rotate_and_store_aten(qkv, w, T, H, KV, d, eps, cos, sin_signed, slot_mapping, k_caches[l],
+                                                v_caches[l]);
     auto attn = paged_decode(q, k_caches[l], v_caches[l], context_slots, col_starts[l], col_ends[l], scale, softcap);
     attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor(), w[kDenseGemv]);
     // MLP: fc holds [fc | gate] (HF gate_proj | up_proj) rows, or [up | gate] when fused (Phi-3).

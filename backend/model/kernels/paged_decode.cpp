@@ -188,6 +188,31 @@ inline void score_rows16(const float*, const T* const*, int64_t, int64_t, int64_
 constexpr bool kHaveDot16 = false;
 #endif
 
+// score_rows16's work in 8-wide chains (AVX2): two heads of a KV head at once where dot8x2 exists (K read once),
+// else one.
+template <typename T>
+inline void score_rows8(const float* qb, const T* const* k8, int64_t H, int64_t G, int64_t D, int64_t n, int64_t j,
+                        float scale, float* scores) {
+  float s8[8], s8b[8];
+  for (int64_t h = 0; h < H;) {
+    const int64_t off = (h / G) * D;
+    const T* kh[8];
+    for (int r = 0; r < 8; ++r) kh[r] = k8[r] + off;
+    if (kHaveDot8x2 && h + 1 < H && (h + 1) / G == h / G) {
+      dot8x2(qb + h * D, qb + (h + 1) * D, kh, D, s8, s8b);
+      for (int r = 0; r < 8; ++r) {
+        scores[h * n + j + r] = s8[r] * scale;
+        scores[(h + 1) * n + j + r] = s8b[r] * scale;
+      }
+      h += 2;
+    } else {
+      dot8(qb + h * D, kh, D, s8);
+      for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r] * scale;
+      h += 1;
+    }
+  }
+}
+
 // y += p * x over n elements (the compiler contracts it to FMAs: -march=native, GCC's default -ffp-contract=fast).
 inline void axpy(float p, const float* x, float* y, int64_t n) {
 #pragma omp simd
@@ -370,38 +395,15 @@ void attend_pages(const torch::Tensor& q, const torch::Tensor& k_cache, const to
       const float* qb = qp + b * H * D;
       scores.resize(H * n);
       int64_t j = 0;
-      if (kHaveDot16 && D % 16 == 0) {  // eight rows at a time, 16-wide chains (AVX-512)
+      const bool wide16 = kHaveDot16 && D % 16 == 0;
+      if (wide16 || (kHaveDot8 && D % 8 == 0)) {  // eight rows at a time: 16-wide chains on AVX-512, else 8-wide
         const T* k8[8];
         for (; j + 8 <= n; j += 8) {
           for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
           prefetch_rows(kp, rows, j + kAhead, j + kAhead + 8, n, row);  // K rows ahead of the scores
           prefetch_rows(vp, rows, j, j + 8, n, row);  // these rows' V, for the value pass after the softmax
-          score_rows16(qb, k8, H, G, D, n, j, sc, scores.data());
-        }
-      } else if (kHaveDot8 && D % 8 == 0) {  // eight rows at a time, 8-wide chains
-        const T* k8[8];
-        float s8[8], s8b[8];
-        for (; j + 8 <= n; j += 8) {
-          for (int r = 0; r < 8; ++r) k8[r] = kp + rows[j + r] * row;
-          prefetch_rows(kp, rows, j + kAhead, j + kAhead + 8, n, row);  // K rows ahead of the scores
-          prefetch_rows(vp, rows, j, j + 8, n, row);  // these rows' V, for the value pass after the softmax
-          for (int64_t h = 0; h < H;) {
-            const int64_t off = (h / G) * D;
-            const T* kh[8] = {k8[0] + off, k8[1] + off, k8[2] + off, k8[3] + off,
-                              k8[4] + off, k8[5] + off, k8[6] + off, k8[7] + off};
-            if (kHaveDot8x2 && h + 1 < H && (h + 1) / G == h / G) {  // two heads of this KV head: K read once
-              dot8x2(qb + h * D, qb + (h + 1) * D, kh, D, s8, s8b);
-              for (int r = 0; r < 8; ++r) {
-                scores[h * n + j + r] = s8[r] * sc;
-                scores[(h + 1) * n + j + r] = s8b[r] * sc;
-              }
-              h += 2;
-            } else {
-              dot8(qb + h * D, kh, D, s8);
-              for (int r = 0; r < 8; ++r) scores[h * n + j + r] = s8[r] * sc;
-              h += 1;
-            }
-          }
+          if (wide16) score_rows16(qb, k8, H, G, D, n, j, sc, scores.data());
+          else score_rows8(qb, k8, H, G, D, n, j, sc, scores.data());
         }
       }
       prefetch_rows(vp, rows, j, n, n, row);
