@@ -24,6 +24,7 @@ from backend.engine.thread_governor import ThreadGovernor
 from backend.errors import InvalidRequestError
 from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit, torch_dtype
 from backend.model.features import DecoderFeatures
+from backend.model.host_memory import retain_freed_memory
 from backend.model.kernels.bf16_gemv import resolve_decode_gemv
 from backend.model.loader import load_model, widened_bytes
 from backend.model.parallel.driver import ParallelModelRunner
@@ -92,6 +93,7 @@ class LLMEngine:
     def __init__(self, ckpt_dir: Path, config: EngineConfig) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        retain_freed_memory()  # a step's transient tensors reuse the last step's pages (backend/model/host_memory.py)
         log.info("%d torch threads, OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s (backend/__init__.py)",
                  torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
         self.config = config

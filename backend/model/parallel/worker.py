@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from backend.formats.rank_layout import RankPosition
 from backend.model.config import load_model_config
+from backend.model.host_memory import retain_freed_memory
 from backend.model.parallel.comm import init_rank, rank_device, receive_step, rendezvous
 from backend.model.parallel.rank_model import RankModel
 
@@ -26,6 +27,7 @@ log = logging.getLogger("tritonllm.parallel.worker")
 
 def serve(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
+    retain_freed_memory()  # as the in-process engine does (backend/model/host_memory.py)
     cfg = load_model_config(args.ckpt_dir)
     pos = RankPosition(args.rank, cfg.mapping.tp_size, cfg.mapping.pp_size)
     device = rank_device(torch.device(args.device), pos.rank)

@@ -80,6 +80,20 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(n, k):
 
 
 @needs_gemv
+def test_x_is_rounded_to_bf16_as_torch_rounds_it():
+    """The kernel rounds x itself: through an identity weight each output is bf16(x) exactly, ties to even included
+    (values whose low 16 bits are 0x8000, above an even and an odd bf16), in rows of a K with a tail, strided rows."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(MAX_ROWS, 2 * 70, generator=g)[:, :70]  # rows 140 floats apart
+    bits = x.view(torch.int32)
+    ties = (bits & ~0xFFFF) | 0x8000  # exactly halfway between two bf16 values
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.3, ties.view(torch.float32), x)
+    assert ((x.view(torch.int32) & 0x1FFFF) == 0x8000).any() and ((x.view(torch.int32) & 0x1FFFF) == 0x18000).any()
+    got = bf16_gemv(x, interleave(torch.eye(70, dtype=torch.bfloat16)), None)
+    assert torch.equal(got, x.to(torch.bfloat16).float())
+
+
+@needs_gemv
 def test_hostile_values_stay_in_their_row():
     """NaN and infinities in one row give what the exact product gives (NaN / inf) in that row only; the others are
     untouched; values past bf16's range round to infinity, as torch's rounding does."""
