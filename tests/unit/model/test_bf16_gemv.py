@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from backend.engine.config import EngineConfig
 from backend.model.kernels import bf16_gemv as gemv_module
 from backend.model.kernels.bf16_gemv import (
     MAX_ROWS, STRIP, bf16_gemv, interleave, interleaved_width, resolve_decode_gemv, unsupported)
 from backend.model.prepacked_linear import PrepackedLinear, bf16_linears_unavailable, gemv_copy_bytes, prepack_linears
+from tests.unit.model.fused_mlp import FusedMlp
 
 CPU = torch.device("cpu")
 NO_GEMV = unsupported(CPU) or bf16_linears_unavailable(CPU)
@@ -138,13 +138,7 @@ def test_prepacked_linear_takes_it_up_to_max_rows(monkeypatch):
 
 @needs_gemv
 def test_the_copies_bytes():
-    class Mlp(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc, self.gate, self.proj = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False), nn.Linear(40, 8)
-            self.fc_gate = torch.cat([self.fc.weight, self.gate.weight]).detach()
-
-    model = Mlp()
+    model = FusedMlp(proj_in=40)
     expected = gemv_copy_bytes(model)
     assert expected == (32 * 8 + 8 * 40) * 2  # fc_gate (32, 8) and proj (8, 40), K even: no padding; fc / gate fused
     prepack_linears(model, torch.bfloat16, gemv=True)

@@ -24,6 +24,7 @@ from backend.model.prepacked_linear import (
 )
 from backend.model.quantized_kv import Fp8KVPool
 from tests.unit.import_rules import ROOT
+from tests.unit.model.fused_mlp import FusedMlp
 
 needs_onednn = pytest.mark.skipif(onednn_unavailable("cpu") is not None, reason="torch without oneDNN")
 
@@ -42,13 +43,7 @@ def test_prepacked_linear_matches_f_linear(rows, bias):
 
 @needs_onednn
 def test_prepack_swaps_plain_linears_and_the_fused_mlp_weight():
-    class Mlp(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc, self.gate, self.proj = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False), nn.Linear(16, 8)
-            self.fc_gate = torch.cat([self.fc.weight, self.gate.weight]).detach()
-
-    model = nn.Sequential(Mlp(), nn.Embedding(4, 8))
+    model = nn.Sequential(FusedMlp(), nn.Embedding(4, 8))
     state_keys = set(model.state_dict())
     x, h = torch.randn(3, 8), torch.randn(3, 16)
     fused_before, proj_before = F.linear(x, model[0].fc_gate), model[0].proj(h)
