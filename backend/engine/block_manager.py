@@ -199,7 +199,8 @@ class BlockManager:
         firsts = [0] * len(seqs) if firsts is None else firsts
         B, size = len(seqs), self.block_size
         width = max(len(seq.block_table) for seq in seqs)
-        span = max(length - first for length, first in zip(lengths, firsts))
+        spans = np.asarray(lengths, dtype=np.int64) - np.asarray(firsts, dtype=np.int64)  # (B,) columns each holds
+        span = int(spans.max())
         # (B, blocks) padded block tables, built as one list: one array a step, not one per sequence
         tables = np.array([[0 if x is None else x for x in seq.block_table] + [0] * (width - len(seq.block_table))
                            for seq in seqs], dtype=np.int64)
@@ -209,7 +210,6 @@ class BlockManager:
             slots = np.take_along_axis(held, columns, axis=1)
         else:  # every table covers its sequence's length, so span <= width * size
             slots = held[:, :span].copy()
-        spans = np.asarray(lengths, dtype=np.int64) - np.asarray(firsts, dtype=np.int64)
         slots[np.arange(span) >= spans[:, None]] = 0
         return torch.from_numpy(slots)
 

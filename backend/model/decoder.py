@@ -72,7 +72,8 @@ class RMSNorm(nn.Module):
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """(T, rot) sin -> [-sin[:half], sin[half:]]: rotate_half(x) * sin == swap_halves(x) * signed_sin(sin) bit for
-    bit ((-a) * b == a * (-b) in IEEE arithmetic), one negation per step instead of one per layer."""
+    bit ((-a) * b == a * (-b) in IEEE arithmetic), one negation per step instead of one per layer. Steps get it from
+    RotaryEmbedding.cos_signed_sin in one multiply; this form is the tests' reference for that."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 

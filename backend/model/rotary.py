@@ -40,7 +40,7 @@ class RotaryEmbedding:
     def cos_sin(self, positions: torch.Tensor, prompt_len: torch.Tensor,
                 total_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions, prompt_len, total_len: (T,) int64 per token (the last two its sequence's). Returns cos, sin
-        (T, dim) float32."""
+        (T, dim) float32: HF's form, which the tests compare against HF and cos_signed_sin (what steps use) against."""
         emb = self._angles(positions, prompt_len, total_len)
         return emb.cos() * self.scaling, emb.sin() * self.scaling
 

@@ -28,15 +28,22 @@ constexpr int64_t kLanes = 16;  // output columns per accumulator (its float32 l
 constexpr int64_t kStripTiles = 4;  // accumulators across a strip: 64 columns (bf16_gemv.py's STRIP)
 constexpr int64_t kStrip = kLanes * kStripTiles;
 
-// Sixteen float32 values -> bf16 -> float32, rounding to nearest even with NaN kept quiet: c10::BFloat16's rounding
-// (torch's .to(torch.bfloat16), oneDNN's bf16 output), denormals included, on integer lanes.
-inline __m512 round_bf16(__m512 v) {
+// Sixteen float32 values' bits rounded to nearest even at bit 16 (the bf16 value in the top half, the low half
+// cleared), denormals included, on integer lanes: what c10::BFloat16 and ATen's vectorized conversion compute for
+// every value but NaN (each caller sets its NaN).
+inline __m512i round_bits_bf16(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
-                                           _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  return _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
+                          _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+// Sixteen float32 values -> bf16 -> float32, NaN kept quiet (0x7fc00000): c10::BFloat16's rounding (torch's
+// .to(torch.bfloat16), oneDNN's bf16 output).
+inline __m512 round_bf16(__m512 v) {
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_ps(_mm512_castsi512_ps(rounded), nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(round_bits_bf16(v)), nan,
+                            _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
 }
 
 // Rows m of out (ldo apart), the strip's `cols` columns: round_bf16(dot(column c of W, row m of xs) + bias[c]) for
@@ -88,14 +95,12 @@ void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t c
 // there (a NaN either way: its row's products are NaN). In the kernel rather than as an ATen conversion: one
 // operation fewer per linear (~4-7 us each on the development CPU, 4 per layer of every decode step).
 void round_rows(const float* x, int64_t M, int64_t K, int64_t ldx, uint16_t* xb, int64_t Kp) {
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), nan = _mm512_set1_epi32(0xffff);
+  const __m512i nan = _mm512_set1_epi32(0xffff);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < Kp; k += kLanes) {
       const int64_t in = std::clamp<int64_t>(K - k, 0, kLanes), out = std::min(kLanes, Kp - k);
       const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << in) - 1), x + m * ldx + k);
-      const __m512i bits = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, bias)), 16);
+      __m512i r = _mm512_srli_epi32(round_bits_bf16(v), 16);
       r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
       _mm256_mask_storeu_epi16(xb + m * Kp + k, static_cast<__mmask16>((1u << out) - 1), _mm512_cvtepi32_epi16(r));
     }
