@@ -244,8 +244,9 @@ the 125M model's batch-16 row 3: a float32 near-tie that a float64 reference dec
 ![engines]({plots}/engines.png)
 
 Batch-1 decode step of the 125M model against its memory-bandwidth floor (weights read once per step / the faster
-of a one-thread copy and a read on every core; median of {len(floors[0]['step_s'])} steps, every core, linear kernel
-{floors[0]['linear_kernel']}; goal 1.3x):
+of a one-thread copy and a read on every core; {len(floors[0]['rounds'])} rounds of {bench_decode_floor.ROUND_STEPS}
+steps, each followed by the rates it is compared with, since this VM's read rate moves between two levels; medians
+over rounds; every core, linear kernel {floors[0]['linear_kernel']}; goal 1.3x):
 
 {bench_decode_floor.table(floors)}
 Time to first token of one {ttfts[0]['prompt_len']}-token prompt on the 125M model (max_tokens 1: prefill + one

@@ -26,6 +26,7 @@ namespace {
 
 constexpr int64_t kLanes = 16;  // output columns per accumulator (its float32 lanes); bf16_gemv.py's LANES
 constexpr int64_t kStripTiles = 4;  // accumulators across a strip: 64 columns (bf16_gemv.py's STRIP)
+constexpr int64_t kLineBytes = 2 * kLanes * sizeof(uint16_t);  // one weight vector (16 bf16 pairs): a cache line
 constexpr int64_t kStrip = kLanes * kStripTiles;
 
 // Sixteen float32 values' bits rounded to nearest even at bit 16 (the bf16 value in the top half, the low half
@@ -52,10 +53,13 @@ inline __m512 round_bf16(__m512 v) {
 // cols == 16 TT, known when compiling, plain loads and a constant stride: masked loads took 2.4x the time).
 // MT x TT accumulators, TT weight vectors and one broadcast pair of x stay in the 32 registers (MT <= 6, TT <= 4):
 // each weight vector is loaded once for MT rows (from DRAM for the first MT, from the caches for the next).
-// `next`: a strip to prefetch pair by pair into L2 meanwhile (nullptr: none).
+// `next`: weights to prefetch pair by pair meanwhile (nullptr: none); `once`: read once (one pass), so prefetched
+// non-temporal, else into L2 for the passes after. One-pass reads streamed at 0.87-0.91 of the machine's read rate
+// with the T1 hint at one row, at 0.97-1.04 with NTA (0.69 -> 0.80 at six rows; perf/ISSUE16.md): NTA lines are
+// meant to leave the other caches' contents alone, AMD's L3 (filled by what L2 evicts) included.
 template <bool kFull, int64_t MT, int64_t TT>
 void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t cols, float* out, int64_t ldo,
-                const at::BFloat16* bias, const uint16_t* next) {
+                const at::BFloat16* bias, const uint16_t* next, bool once) {
   const int64_t pairs = Kp / 2, width = kFull ? TT * kLanes : cols;
   const int64_t last = width - (TT - 1) * kLanes;  // 1..16 columns in the last accumulator
   const __mmask16 last_mask = static_cast<__mmask16>((1u << last) - 1);
@@ -65,9 +69,11 @@ void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t c
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xs);  // bf16 pairs of each row of x, Kp / 2 a row
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* row = strip + p * width * 2;  // this pair of every column of the strip
-    if (next != nullptr)
-      for (int64_t t = 0; t < kStripTiles; ++t)
-        _mm_prefetch(reinterpret_cast<const char*>(next + (p * kStripTiles + t) * 2 * kLanes), _MM_HINT_T1);
+    const char* ahead = reinterpret_cast<const char*>(next + p * kStripTiles * 2 * kLanes);
+    if (next != nullptr && once)
+      for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(ahead + t * kLineBytes, _MM_HINT_NTA);
+    else if (next != nullptr)
+      for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(ahead + t * kLineBytes, _MM_HINT_T1);
     __m512bh w[TT];
     for (int64_t t = 0; t + 1 < TT; ++t) w[t] = (__m512bh)_mm512_loadu_si512(row + t * 2 * kLanes);
     const uint16_t* tail = row + (TT - 1) * 2 * kLanes;
@@ -109,26 +115,32 @@ void round_rows(const float* x, int64_t M, int64_t K, int64_t ldx, uint16_t* xb,
 
 constexpr int64_t kTile = 6;  // rows of x per pass over a strip
 constexpr int64_t kAhead = 2;  // strips between the one computed and the one prefetched
+constexpr int64_t kNear = 4096;  // bf16 values (8 KB) between the pair read and the one prefetched in one pass
 
 // Every row of xs (M of them) against one strip: passes of kTile rows, then the remaining 1 to kTile - 1 rows.
 // With more than one pass the strip is read from memory once and from the caches after, and the memory would sit
 // idle during the later passes: the first pass prefetches a later full strip (`next`, kAhead strips on; nullptr:
-// none) so that its read overlaps this strip's products.
+// none) so that its read overlaps this strip's products. With one pass (M <= kTile: memory-bound) a full strip
+// prefetches its own stream kNear values ahead, on into the strips after it (the hardware's stream prefetch alone
+// read the 125M model's linears at 0.87-0.88 of the machine's read rate at one row, this with the T1 hint at
+// 0.92-0.95; perf/ISSUE16.md). Past a thread's strips or the weight's end that is a few KB of spare reads (a
+// prefetch never faults).
 template <bool kFull, int64_t TT>
 void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp, int64_t cols, float* out,
                 int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
-  const uint16_t* prefetch = M > kTile ? next : nullptr;  // one pass: the hardware's stream prefetch keeps up
+  const bool once = M <= kTile;
+  const uint16_t* prefetch = once ? (kFull ? strip + kNear : nullptr) : next;
   int64_t m = 0;
   for (; m + kTile <= M; m += kTile, prefetch = nullptr)
-    strip_dots<kFull, kTile, TT>(strip, xs + m * Kp, Kp, cols, out + m * ldo, ldo, bias, prefetch);
+    strip_dots<kFull, kTile, TT>(strip, xs + m * Kp, Kp, cols, out + m * ldo, ldo, bias, prefetch, once);
   const uint16_t* x = xs + m * Kp;
   float* o = out + m * ldo;
   switch (M - m) {
-    case 5: strip_dots<kFull, 5, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
-    case 4: strip_dots<kFull, 4, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
-    case 3: strip_dots<kFull, 3, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
-    case 2: strip_dots<kFull, 2, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
-    case 1: strip_dots<kFull, 1, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch); break;
+    case 5: strip_dots<kFull, 5, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
+    case 4: strip_dots<kFull, 4, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
+    case 3: strip_dots<kFull, 3, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
+    case 2: strip_dots<kFull, 2, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
+    case 1: strip_dots<kFull, 1, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
     default: break;
   }
 }

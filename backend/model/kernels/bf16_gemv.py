@@ -3,10 +3,10 @@ weights (bf16_gemv.cpp; "GEMV" for its one-row origin).
 
 The Python side: the weights' layout, the call, and where it applies. A batch-1 decode step's linears are reads of
 their weights; oneDNN's bf16 kernel reads them at about two thirds of the memory's read rate on the development CPU,
-this kernel at about 0.9 of it; at 8-16 rows it reads the weights once and computes at or beyond oneDNN's rate
-(perf/ISSUE16.md). It needs its own copy of each bf16 linear's weights (oneDNN's packed one stays for every product
-of more rows), so EngineConfig.decode_gemv's "auto" takes it only where the KV cache keeps its capacity with that
-copy in memory (backend/engine/llm_engine.py).
+this kernel at about that rate (0.97-1.04 of a sum on every core, with non-temporal prefetch); at 8-16 rows it reads
+the weights once and computes at or beyond oneDNN's rate (perf/ISSUE16.md). It needs its own copy of each bf16
+linear's weights (oneDNN's packed one stays for every product of more rows), so EngineConfig.decode_gemv's "auto"
+takes it only where the KV cache keeps its capacity with that copy in memory (backend/engine/llm_engine.py).
 """
 from __future__ import annotations
 
