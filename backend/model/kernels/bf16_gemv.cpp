@@ -47,19 +47,28 @@ inline __m512 round_bf16(__m512 v) {
                             _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
 }
 
+// What a pass over a strip prefetches while it computes: the kStripTiles lines of one pair of a full strip at `rows`
+// of every `of` of its pairs, spread evenly, from `from` on (nullptr: nothing). `once`: weights read once (a one-pass
+// product's own stream), so non-temporal; else into L2, where the later passes read them. One-pass reads streamed at
+// 0.87-0.91 of the machine's read rate with the T1 hint at one row, at 0.97-1.04 with NTA (0.69 -> 0.80 at six rows;
+// perf/ISSUE16.md): NTA lines are meant to leave the other caches' contents alone, AMD's L3 (filled by what L2
+// evicts) included.
+struct Prefetch {
+  const char* from = nullptr;
+  int64_t rows = 1, of = 1;
+  bool once = false;
+};
+
 // Rows m of out (ldo apart), the strip's `cols` columns: round_bf16(dot(column c of W, row m of xs) + bias[c]) for
 // MT rows of xs (Kp bf16 values apart, read as Kp / 2 pairs). strip: [Kp / 2][cols][2] bf16, TT = ceil(cols / 16)
 // accumulators a row, the last one masked where cols is not a multiple of 16 (only a linear's last strip; kFull:
 // cols == 16 TT, known when compiling, plain loads and a constant stride: masked loads took 2.4x the time).
 // MT x TT accumulators, TT weight vectors and one broadcast pair of x stay in the 32 registers (MT <= 6, TT <= 4):
 // each weight vector is loaded once for MT rows (from DRAM for the first MT, from the caches for the next).
-// `next`: weights to prefetch pair by pair meanwhile (nullptr: none); `once`: read once (one pass), so prefetched
-// non-temporal, else into L2 for the passes after. One-pass reads streamed at 0.87-0.91 of the machine's read rate
-// with the T1 hint at one row, at 0.97-1.04 with NTA (0.69 -> 0.80 at six rows; perf/ISSUE16.md): NTA lines are
-// meant to leave the other caches' contents alone, AMD's L3 (filled by what L2 evicts) included.
+// `pf`: weights this pass prefetches meanwhile (Prefetch).
 template <bool kFull, int64_t MT, int64_t TT>
 void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t cols, float* out, int64_t ldo,
-                const at::BFloat16* bias, const uint16_t* next, bool once) {
+                const at::BFloat16* bias, Prefetch pf) {
   const int64_t pairs = Kp / 2, width = kFull ? TT * kLanes : cols;
   const int64_t last = width - (TT - 1) * kLanes;  // 1..16 columns in the last accumulator
   const __mmask16 last_mask = static_cast<__mmask16>((1u << last) - 1);
@@ -67,13 +76,17 @@ void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t c
   for (int64_t m = 0; m < MT; ++m)
     for (int64_t t = 0; t < TT; ++t) acc[m][t] = _mm512_setzero_ps();
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xs);  // bf16 pairs of each row of x, Kp / 2 a row
+  int64_t tick = 0;  // Bresenham: one prefetched pair per `of` / `rows` pairs of this pass
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* row = strip + p * width * 2;  // this pair of every column of the strip
-    const char* ahead = reinterpret_cast<const char*>(next + p * kStripTiles * 2 * kLanes);
-    if (next != nullptr && once)
-      for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(ahead + t * kLineBytes, _MM_HINT_NTA);
-    else if (next != nullptr)
-      for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(ahead + t * kLineBytes, _MM_HINT_T1);
+    if (pf.from != nullptr && (tick += pf.rows) >= pf.of) {
+      tick -= pf.of;
+      if (pf.once)
+        for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(pf.from + t * kLineBytes, _MM_HINT_NTA);
+      else
+        for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(pf.from + t * kLineBytes, _MM_HINT_T1);
+      pf.from += kStripTiles * kLineBytes;
+    }
     __m512bh w[TT];
     for (int64_t t = 0; t + 1 < TT; ++t) w[t] = (__m512bh)_mm512_loadu_si512(row + t * 2 * kLanes);
     const uint16_t* tail = row + (TT - 1) * 2 * kLanes;
@@ -114,33 +127,40 @@ void round_rows(const float* x, int64_t M, int64_t K, int64_t ldx, uint16_t* xb,
 }
 
 constexpr int64_t kTile = 6;  // rows of x per pass over a strip
-constexpr int64_t kAhead = 2;  // strips between the one computed and the one prefetched
 constexpr int64_t kNear = 4096;  // bf16 values (8 KB) between the pair read and the one prefetched in one pass
 
 // Every row of xs (M of them) against one strip: passes of kTile rows, then the remaining 1 to kTile - 1 rows.
-// With more than one pass the strip is read from memory once and from the caches after, and the memory would sit
-// idle during the later passes: the first pass prefetches a later full strip (`next`, kAhead strips on; nullptr:
-// none) so that its read overlaps this strip's products. With one pass (M <= kTile: memory-bound) a full strip
-// prefetches its own stream kNear values ahead, on into the strips after it (the hardware's stream prefetch alone
-// read the 125M model's linears at 0.87-0.88 of the machine's read rate at one row, this with the T1 hint at
-// 0.92-0.95; perf/ISSUE16.md). Past a thread's strips or the weight's end that is a few KB of spare reads (a
-// prefetch never faults).
+// With more than one pass the strip is read from memory once and from the caches after. The passes prefetch the
+// thread's next full strip (`next`; nullptr: none), each a share of its pairs in proportion to its rows, so that
+// reading it spans all of this strip's products: prefetched by the first pass alone (at its pace, which the memory
+// cannot keep), a 16-row product of the 125M model's linears took 1.46-1.62x its time on weights already in the
+// caches, spread 1.27-1.51x (perf/ISSUE16.md). With one pass (M <= kTile: memory-bound) a full strip prefetches its
+// own stream kNear values ahead, on into the strips after it (the hardware's stream prefetch alone read the 125M
+// model's linears at 0.87-0.88 of the machine's read rate at one row, this with the T1 hint at 0.92-0.95). Past a
+// thread's strips or the weight's end that is a few KB of spare reads (a prefetch never faults).
 template <bool kFull, int64_t TT>
 void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp, int64_t cols, float* out,
                 int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
-  const bool once = M <= kTile;
-  const uint16_t* prefetch = once ? (kFull ? strip + kNear : nullptr) : next;
+  const auto bytes = [](const uint16_t* w) { return reinterpret_cast<const char*>(w); };
+  int64_t shared = 0;  // pairs of `next` the passes before prefetched
+  const auto share = [&](int64_t rows) {  // what a pass of `rows` rows prefetches
+    if (M <= kTile) return kFull ? Prefetch{bytes(strip + kNear), 1, 1, true} : Prefetch{};
+    if (next == nullptr) return Prefetch{};
+    const Prefetch pf{bytes(next + shared * kStripTiles * 2 * kLanes), rows, M, false};
+    shared += Kp / 2 * rows / M;
+    return pf;
+  };
   int64_t m = 0;
-  for (; m + kTile <= M; m += kTile, prefetch = nullptr)
-    strip_dots<kFull, kTile, TT>(strip, xs + m * Kp, Kp, cols, out + m * ldo, ldo, bias, prefetch, once);
+  for (; m + kTile <= M; m += kTile)
+    strip_dots<kFull, kTile, TT>(strip, xs + m * Kp, Kp, cols, out + m * ldo, ldo, bias, share(kTile));
   const uint16_t* x = xs + m * Kp;
   float* o = out + m * ldo;
   switch (M - m) {
-    case 5: strip_dots<kFull, 5, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
-    case 4: strip_dots<kFull, 4, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
-    case 3: strip_dots<kFull, 3, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
-    case 2: strip_dots<kFull, 2, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
-    case 1: strip_dots<kFull, 1, TT>(strip, x, Kp, cols, o, ldo, bias, prefetch, once); break;
+    case 5: strip_dots<kFull, 5, TT>(strip, x, Kp, cols, o, ldo, bias, share(5)); break;
+    case 4: strip_dots<kFull, 4, TT>(strip, x, Kp, cols, o, ldo, bias, share(4)); break;
+    case 3: strip_dots<kFull, 3, TT>(strip, x, Kp, cols, o, ldo, bias, share(3)); break;
+    case 2: strip_dots<kFull, 2, TT>(strip, x, Kp, cols, o, ldo, bias, share(2)); break;
+    case 1: strip_dots<kFull, 1, TT>(strip, x, Kp, cols, o, ldo, bias, share(1)); break;
     default: break;
   }
 }
@@ -176,9 +196,8 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
       const int64_t n0 = s * kStrip, cols = std::min(kStrip, N - n0);
       const uint16_t* strip = w + n0 * Kp;
       const at::BFloat16* bias_cols = b ? b + n0 : nullptr;
-      // the strip kAhead strips on, where it is a full one of this thread's
-      const uint16_t* next =
-          s + kAhead < end && n0 + (kAhead + 1) * kStrip <= N ? w + (n0 + kAhead * kStrip) * Kp : nullptr;
+      // the next strip, where it is a full one of this thread's
+      const uint16_t* next = s + 1 < end && n0 + 2 * kStrip <= N ? w + (n0 + kStrip) * Kp : nullptr;
       if (cols == kStrip) {
         strip_rows<true, kStripTiles>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, next);
         continue;
