@@ -78,10 +78,11 @@ def measure(engine_dir: Path, steps: int, n_bytes: int = 256 * 2**20) -> dict:
     src, read_t = np.ones(n_bytes // 8), torch.ones(n_bytes // 4)
     dst = np.empty_like(src)
     step_s, rounds = [], []
+    n_rounds = max(1, steps // ROUND_STEPS)
     try:
-        engine.add_request(Request("r", tuple(range(1, 129)), SamplingParams(max_tokens=steps + 2)))
+        engine.add_request(Request("r", tuple(range(1, 129)), SamplingParams(max_tokens=n_rounds * ROUND_STEPS + 2)))
         engine.step()  # prefill
-        for _ in range(max(1, steps // ROUND_STEPS)):
+        for _ in range(n_rounds):
             these = [_timed(engine.step) for _ in range(ROUND_STEPS)]
             copy, read = copy_bandwidth(src, dst), read_bandwidth(read_t)
             floor = weight_bytes / max(copy, read)

@@ -49,10 +49,10 @@ inline __m512 round_bf16(__m512 v) {
 
 // What a pass over a strip prefetches while it computes: the kStripTiles lines of one pair of a full strip at `rows`
 // of every `of` of its pairs, spread evenly, from `from` on (nullptr: nothing). `once`: weights read once (a one-pass
-// product's own stream), so non-temporal; else into L2, where the later passes read them. One-pass reads streamed at
-// 0.87-0.91 of the machine's read rate with the T1 hint at one row, at 0.97-1.04 with NTA (0.69 -> 0.80 at six rows;
-// perf/ISSUE16.md): NTA lines are meant to leave the other caches' contents alone, AMD's L3 (filled by what L2
-// evicts) included.
+// product's own stream), so non-temporal; else into L2, where the later passes read them. The 125M model's linears
+// at one row streamed at 0.83-0.90 of the machine's read rate on the hardware's prefetch alone, 0.92-0.95 with T1
+// prefetches, 0.90-1.05 with NTA (six rows: 0.69 -> 0.80; perf/ISSUE16.md): NTA lines are meant to leave the other
+// caches' contents alone, AMD's L3 (filled by what L2 evicts) included.
 struct Prefetch {
   const char* from = nullptr;
   int64_t rows = 1, of = 1;
@@ -134,10 +134,9 @@ constexpr int64_t kNear = 4096;  // bf16 values (8 KB) between the pair read and
 // thread's next full strip (`next`; nullptr: none), each a share of its pairs in proportion to its rows, so that
 // reading it spans all of this strip's products: prefetched by the first pass alone (at its pace, which the memory
 // cannot keep), a 16-row product of the 125M model's linears took 1.46-1.62x its time on weights already in the
-// caches, spread 1.27-1.51x (perf/ISSUE16.md). With one pass (M <= kTile: memory-bound) a full strip prefetches its
-// own stream kNear values ahead, on into the strips after it (the hardware's stream prefetch alone read the 125M
-// model's linears at 0.87-0.88 of the machine's read rate at one row, this with the T1 hint at 0.92-0.95). Past a
-// thread's strips or the weight's end that is a few KB of spare reads (a prefetch never faults).
+// caches, spread 1.25-1.51x (perf/ISSUE16.md). With one pass (M <= kTile: memory-bound) a full strip prefetches its
+// own stream kNear values ahead, on into the strips after it (Prefetch says what that gained). Past a thread's strips
+// or the weight's end that is a few KB of spare reads (a prefetch never faults).
 template <bool kFull, int64_t TT>
 void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp, int64_t cols, float* out,
                 int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
