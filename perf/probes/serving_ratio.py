@@ -84,10 +84,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests-per-stream", type=int, default=2, help="closed loop: requests each stream sends")
     parser.add_argument("--pin", choices=("process", "thread", "engine-only", "engine-cpus"),
                         help="where the served engine runs (module docstring)")
     args = parser.parse_args()
-    args.requests_per_stream, args.prompt_len, args.new_tokens, args.threads = 2, 128, 128, 1
+    args.prompt_len, args.new_tokens, args.threads = 128, 128, 1
     torch.set_num_threads(args.threads)
     br.OUT.mkdir(parents=True, exist_ok=True)
     model = artifacts.demo()
@@ -115,6 +116,10 @@ def main() -> None:
               f"{[round(x) for x in tok_s['ensemble']]}, direct {[round(x) for x in tok_s['tensorrt_llm']]}; served / "
               f"in-process: ensemble {statistics.mean(tok_s['ensemble']) / base:.2f}, direct "
               f"{statistics.mean(tok_s['tensorrt_llm']) / base:.2f}")
+        ttft = {s: [round(statistics.median(r.ttfts_ms)) for r in rows if r.system == s and r.concurrency == c]
+                for s in ("engine", "ensemble", "tensorrt_llm")}
+        print(f"{c} streams, TTFT p50 per repeat (ms): in-process {ttft['engine']}, ensemble {ttft['ensemble']}, "
+              f"direct {ttft['tensorrt_llm']}")
 
 
 if __name__ == "__main__":
