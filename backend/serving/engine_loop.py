@@ -195,10 +195,20 @@ class EngineLoop:
             return
         try:
             sink.emit(out)
-        except Exception:  # a client that went away must not stop the others
-            log.exception("delivering output of %s failed; cancelling it", out.request_id)
-            if not out.finished:
-                self._abort(out.request_id)
+        except Exception as exc:  # a bug in this request's delivery: it alone ends, with an error
+            log.exception("delivering output of %s failed; ending it with an error", out.request_id)
+            self._end_undeliverable(out, sink, exc)
+
+    def _end_undeliverable(self, out: RequestOutput, sink: OutputSink, exc: Exception) -> None:
+        """The error is the request's end: its client must not wait for a final output that cannot come."""
+        if not out.finished:  # stop it in the engine; its abort output is not delivered (the sink is forgotten)
+            if self._sinks.pop(out.request_id, None) is not None:
+                self._count(-1)
+            self.engine.abort(out.request_id)
+        try:
+            sink.fail(RuntimeError(f"internal error delivering the output ({type(exc).__name__}; the log has it)"))
+        except Exception:
+            log.exception("failing %s failed", out.request_id)
 
     def _fail_all(self, error: Exception) -> None:
         for request_id, sink in list(self._sinks.items()):

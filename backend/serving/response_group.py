@@ -26,8 +26,9 @@ class RowError:
     code: str = "INTERNAL"  # the pb_utils.TritonError code's name: INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL
 
 
-# send(response, final): response is Tensors, a RowError, or None (a flag-only final, decoupled only).
-Send = Callable[["Tensors | RowError | None", bool], None]
+# send(response, final, on_sent): response is Tensors, a RowError, or None (a flag-only final, decoupled only);
+# on_sent (or None) is called once the response has gone out, or its send failed.
+Send = Callable[["Tensors | RowError | None", bool, "Callable[[], None] | None"], None]
 
 # Outputs that sum over the stacked sequences; other [1, 1] outputs are the first sequence's.
 _SUMMED = ("num_output_tokens", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks")
@@ -48,7 +49,9 @@ class ResponseGroup:
         self.abandoned = False  # a send failed (the client is gone): every row is to be cancelled
         self.lock = threading.Lock()
 
-    def send(self, response: Tensors | RowError | None, row_done: bool) -> None:
+    def send(self, response: Tensors | RowError | None, row_done: bool,
+             on_sent: Callable[[], None] | None = None) -> None:
+        """on_sent: decoupled, called once this response has gone out (RowStream merges tokens until then)."""
         with self.lock:
             if self.remaining == 0:
                 return
@@ -57,15 +60,15 @@ class ResponseGroup:
             last = self.remaining == 0
             if self.decoupled:
                 if response is not None or last:
-                    self._send(response, last)
+                    self._send(response, last, on_sent)
             elif isinstance(response, RowError):
                 if not self.failed:
                     self.failed = True
-                    self._send(response, True)
+                    self._send(response, True, None)
             elif response is not None and not self.failed:
                 self.held.append(response)
             if not self.decoupled and last and not self.failed:
-                self._send(stack_sequences(self.held, self.pad_id), True)
+                self._send(stack_sequences(self.held, self.pad_id), True, None)
         if last:
             self.on_done()
 

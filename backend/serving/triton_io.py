@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -17,6 +18,7 @@ from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import TopLogProbs
 from backend.errors import InvalidRequestError
 from backend.serving.detokenizer import CONTEXT_TOKENS
+from backend.serving.stream_acks import HOLD_MAX_S, AckSlot
 
 MAX_RETURN_SEQUENCES = 16
 # Optional inputs this engine does not implement: a request that sets them gets INVALID_ARG, never a silent no-op.
@@ -192,7 +194,15 @@ def _parse_row(inputs: Mapping[str, np.ndarray], ids: np.ndarray, row: int, defa
 
 @dataclass
 class RowStream:
-    """Turns one row's engine outputs into response tensors: per token when streaming, once at the end otherwise."""
+    """Turns one row's engine outputs into response tensors: per token when streaming, once at the end otherwise.
+
+    Streaming, a row's response is not queued behind its own previous one: while that one has not gone out (the
+    send thread is behind) or, in the ensemble, has not been taken by postprocessing (backend/serving/
+    stream_acks.py), new tokens wait here and go out together in the next response, as vLLM's output collector
+    merges the deltas of a slow consumer. Each response then costs one send and one postprocessing execution for
+    several tokens. The text and ids a client puts together are the same (the anchor's streamed responses may hold
+    several tokens too: draft tokens); only the number of responses differs. A row's last output always goes out.
+    """
 
     row: ParsedRow
     request_key: int = 0  # the engine request's key: a later `stop` with this request_key ends it
@@ -201,6 +211,10 @@ class RowStream:
     pending_log_probs: list[float] = field(default_factory=list)
     pending_top: list[TopLogProbs] = field(default_factory=list)  # per pending token, with num_top_log_probs
     started: bool = False
+    ack: AckSlot | None = None  # streaming: where the ensemble's postprocessing acks this row's responses
+    made: int = 0  # streamed responses handed out to be sent (the engine thread counts them)
+    delivered: int = 0  # ... and gone out (the send thread counts them, through sent())
+    made_at: float = 0.0  # time.monotonic() of the last one
 
     def __post_init__(self) -> None:
         if not self.row.exclude_input_in_output and not self.row.streaming:
@@ -213,12 +227,36 @@ class RowStream:
         self.pending.extend(out.new_token_ids)
         self.pending_log_probs.extend(out.new_log_probs)
         self.pending_top.extend(out.new_top_log_probs)
-        if not out.finished and (not self.row.streaming or not out.new_token_ids):
+        if not out.finished and (not self.row.streaming or not out.new_token_ids or self._behind()):
             return None
         tensors = self._tensors(out)
         self.emitted.extend(self.pending)
         self.pending, self.pending_log_probs, self.pending_top = [], [], []
+        if self.row.streaming:
+            self.made += 1
+            self.made_at = time.monotonic()
+            if self.ack is not None:
+                tensors["stream_ack"] = self.ack.stamp(self.made)
         return tensors
+
+    def _behind(self) -> bool:
+        """Whether this row's previous response is still queued: on the send thread, or in front of the ensemble's
+        postprocessing (which acks what it takes; a row nobody acks is not held, nor one held HOLD_MAX_S)."""
+        if self.made > self.delivered:
+            return True
+        if self.ack is None or self.made == 0:
+            return False
+        acked = self.ack.acked()
+        return 0 < acked < self.made and time.monotonic() - self.made_at < HOLD_MAX_S
+
+    def close(self) -> None:
+        """The row ended (any way): its ack slot goes back."""
+        if self.ack is not None:
+            self.ack.release()
+
+    def sent(self) -> None:
+        """A streamed response of this row went out (or failed to): the send thread calls this."""
+        self.delivered += 1
 
     def _tensors(self, out: RequestOutput) -> dict[str, np.ndarray]:
         row = self.row

@@ -163,7 +163,8 @@ def test_streamed_token_counts_are_per_response(server, hf):
              "exclude_input_in_output": np.array([[True]])}
     streamed = anchor.grpc_stream(server.grpc_url, "ensemble", anchor.e2e_inputs(PROMPTS[0], 16, True, **flags))
     counts = [int(r.as_numpy("num_output_tokens")[0][0]) for r in streamed]
-    assert sum(counts) == len(expected) and max(counts) == 1
+    ids = [[t for t in r.as_numpy("output_token_ids")[0].tolist() if t >= 0] for r in streamed]
+    assert sum(counts) == len(expected) and counts == [len(i) for i in ids] and counts[0] == 1  # first alone
     assert {int(r.as_numpy("num_input_tokens")[0][0]) for r in streamed} == {len(prompt_ids)}
     (whole,) = anchor.grpc_stream(server.grpc_url, "ensemble", anchor.e2e_inputs(PROMPTS[0], 16, False, **flags))
     assert int(whole.as_numpy("num_output_tokens")[0][0]) == len(expected)

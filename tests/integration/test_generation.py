@@ -34,7 +34,10 @@ def test_tensorrt_llm_ids_match_hf(server, hf, prompt, max_tokens, streaming):
     chunks = generate_ids(server.grpc_url, prompt_ids, max_tokens, streaming, end_id=hf[1].eos_token_id)
     assert [t for c in chunks for t in c] == expected
     if streaming and len(expected) > 1:
-        assert len([c for c in chunks if c]) == len(expected), "streaming must deliver one token per response"
+        # Streamed as generated: the first token alone, then one per response, or a few merged while this
+        # stream's previous response is still queued in the server (RowStream), never all at the end.
+        sent = [c for c in chunks if c]
+        assert len(sent[0]) == 1 and len(sent) >= 2, "streaming must deliver tokens as they come"
 
 
 @pytest.mark.parametrize("prompt,max_tokens", CASES)

@@ -10,6 +10,7 @@ from backend.serving.cancel_watch import CancelPolls
 from backend.serving.parameters import ModelParameters, PostprocessingConfig
 from backend.serving.postprocess import Postprocessor
 from backend.serving.stop_request import stop_inputs, stop_version
+from backend.serving.stream_acks import AckWriter
 
 # Optional inputs passed through unchanged as OUT_<name>, so that every ensemble output of one streamed step
 # arrives in one response.
@@ -36,6 +37,7 @@ class TritonPythonModel:
         self.polls = CancelPolls(period_s=0.1)
         # Where `stop` goes: the LLM model (the version named by SERVED_VERSION in a canary repository).
         self.stop_model = config.stop_model
+        self.acks = AckWriter()
 
     def execute(self, requests):
         inputs = [_inputs(r) for r in requests]
@@ -49,7 +51,11 @@ class TritonPythonModel:
                 self.polls.forget(key_id)
             elif self.polls.due(key_id) and request.is_cancelled():  # an IPC round trip
                 self._stop_engine_request(key, given.get("SERVED_VERSION"))
-        return [self._respond(given) for given in inputs]
+        responses = [self._respond(given) for given in inputs]
+        for given in inputs:  # taken: the stream's next tokens may come (backend/serving/stream_acks.py)
+            if (ack := given.get("STREAM_ACK")) is not None:
+                self.acks.ack(ack)
+        return responses
 
     def _respond(self, given):
         try:

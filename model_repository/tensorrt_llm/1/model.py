@@ -30,6 +30,7 @@ from backend.serving.parameters import ModelParameters, ServingConfig
 from backend.serving.pb_release import release_at_finalize, send_tensors
 from backend.serving.response_group import ResponseGroup, RowError
 from backend.serving.send_queue import SendQueue
+from backend.serving.stream_acks import open_board
 from backend.serving.tenant_metrics import TenantMetrics
 from backend.serving.triton_io import RowStream, parse_request
 from backend.serving.triton_metrics import NoMetrics, TritonMetrics
@@ -55,7 +56,7 @@ def _sender_send(sender, sends, watched, on_error):
     (backend/serving/send_queue.py), in order, while the engine thread goes on. The final send finishes `watched`
     on that thread, before any later cancellation poll there (backend/serving/cancel_watch.py says why)."""
 
-    def send(response, final: bool) -> None:
+    def send(response, final: bool, on_sent) -> None:
         def deliver():
             flags = _FINAL if final else 0
             try:
@@ -66,6 +67,8 @@ def _sender_send(sender, sends, watched, on_error):
                 else:  # the tensors held through the send (backend/serving/pb_release.py)
                     send_tensors(pb_utils, sender, [pb_utils.Tensor(n, v) for n, v in response.items()], flags)
             finally:
+                if on_sent is not None:
+                    on_sent()
                 if final:
                     watched.finish()
 
@@ -89,16 +92,18 @@ class _RowSink:
         self.lease.on_output(bool(output.new_token_ids), output.finished, output.num_output_tokens)
         if output.finished:
             self.metrics.observe_finished(output)
+            self.stream.close()
         if output.finish_reason is FinishReason.CANCELLED and self.lease.timed_out:
             self.group.send(RowError(self.lease.timeout_message(), "UNAVAILABLE"), row_done=True)
             return
         if output.finish_reason is FinishReason.CANCELLED and self.watched.cancelled:
             self.group.send(RowError("request cancelled", "CANCELLED"), row_done=True)
             return
-        self.group.send(self.stream.on_output(output), row_done=output.finished)
+        self.group.send(self.stream.on_output(output), row_done=output.finished, on_sent=self.stream.sent)
 
     def fail(self, error: Exception) -> None:
         self.lease.on_fail()
+        self.stream.close()
         code = "INTERNAL"
         if isinstance(error, InvalidRequestError):
             code = "INVALID_ARG"
@@ -129,6 +134,8 @@ class TritonPythonModel:
         self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
                                else NoMetrics())
+        # Streamed rows' acks from the ensemble's postprocessing (backend/serving/stream_acks.py).
+        self.acks = open_board()
         # Round trips to the Triton process (responses, metrics, is_cancelled) stay off the engine thread.
         self.sends = SendQueue()
         # Polls run on the send thread, between sends: none can follow a request's final response.
@@ -219,7 +226,8 @@ class TritonPythonModel:
             tenant = lease.ticket.tenant  # tier -> scheduler priority; salted tenants share no cached blocks
             request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
                               priority=tenant.priority)
-            self.loop.submit(request, _RowSink(group, watched, RowStream(row, key), self.metrics, lease))
+            stream = RowStream(row, key, ack=self.acks.lease() if row.streaming and self.acks else None)
+            self.loop.submit(request, _RowSink(group, watched, stream, self.metrics, lease))
 
     def _forget(self, triton_id, key, watched):
         watched.finish()
@@ -252,5 +260,7 @@ class TritonPythonModel:
         self.cancel_watch.close()
         self.sends.close(timeout=10.0)
         self.engine.close()  # a parallel engine's worker processes exit here
+        if self.acks is not None:
+            self.acks.close()
         # Senders left in cycles, and the metric families, go now, while the stub can still take it.
         release_at_finalize(self)

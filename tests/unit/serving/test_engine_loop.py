@@ -123,6 +123,31 @@ def test_a_sink_that_reports_cancelled_is_aborted(loop, engine, prompts, kv_idle
     kv_idle(engine.blocks)
 
 
+@pytest.mark.parametrize("at", [1, 3])  # a middle output; the last one (max_tokens 3)
+def test_a_sink_whose_emit_raises_ends_that_request_with_an_error_and_the_others_finish(loop, engine, prompts,
+                                                                                          kv_idle, at):
+    """A bug in one request's delivery must not leave its client waiting for an end that never comes."""
+
+    class BrokenSink(QueueSink):
+        def emit(self, output: RequestOutput) -> None:
+            if output.num_output_tokens == at:
+                raise ValueError("broken delivery")
+            super().emit(output)
+
+    bad, good = BrokenSink(), QueueSink()
+    p_bad, p_good = prompts([5, 6], engine.vocab_size)
+    loop.submit(Request("bad", p_bad, SamplingParams(max_tokens=3)), bad)
+    loop.submit(Request("good", p_good, SamplingParams(max_tokens=6)), good)
+    tokens, error = bad.collect()
+    assert isinstance(error, RuntimeError) and "ValueError" in str(error) and len(tokens) == at - 1
+    assert bad.events.empty()  # the error is its one end
+    tokens, last = good.collect()
+    assert len(tokens) == 6 and last.finish_reason is FinishReason.LENGTH
+    loop.shutdown()
+    assert loop.inflight == 0
+    kv_idle(engine.blocks)
+
+
 def test_invalid_request_fails_its_sink_only(loop, engine, prompts):
     bad, good = QueueSink(), QueueSink()
     loop.submit(Request("bad", (1, engine.vocab_size), SamplingParams(max_tokens=4)), bad)

@@ -17,10 +17,12 @@ def _row(tokens: list[int], index: int, **extra) -> dict[str, np.ndarray]:
 class Sender:
     def __init__(self) -> None:
         self.sent: list[tuple[object, bool]] = []
+        self.on_sent: list[object] = []
         self.done = 0
 
-    def send(self, response, final: bool) -> None:
+    def send(self, response, final: bool, on_sent=None) -> None:
         self.sent.append((response, final))
+        self.on_sent.append(on_sent)
 
     def on_done(self) -> None:
         self.done += 1
@@ -29,11 +31,12 @@ class Sender:
 def test_decoupled_forwards_each_response_and_flags_the_last():
     s = Sender()
     group = ResponseGroup(2, decoupled=True, send=s.send, on_done=s.on_done)
-    group.send(_row([1], 0), row_done=False)
+    group.send(_row([1], 0), row_done=False, on_sent=print)  # the row learns when its response went out
     group.send(None, row_done=False)  # nothing to say yet: nothing sent
     group.send(_row([2], 1), row_done=True)
     group.send(None, row_done=True)  # the last row ends with nothing left: a flag-only final
     assert [final for _, final in s.sent] == [False, False, True] and s.sent[-1][0] is None
+    assert s.on_sent == [print, None, None]
     assert s.done == 1
 
 

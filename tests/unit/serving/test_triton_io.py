@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from backend.engine.sampling_params import SamplingParams
 from backend.engine.sequence import FinishReason
 from backend.errors import InvalidRequestError
 from backend.serving.detokenizer import CONTEXT_TOKENS
+from backend.serving import triton_io
+from backend.serving.stream_acks import HOLD_MAX_S, AckBoard, AckWriter
 from backend.serving.triton_io import ParsedRow, RowStream, parse_request, parse_word_list
 
 
@@ -145,7 +148,13 @@ PERF = PerfMetrics(kv_cache_alloc_new_blocks=1, kv_cache_reused_blocks=0, kv_cac
 
 
 def responses(rs: RowStream, outs: list[RequestOutput]) -> list[dict[str, np.ndarray]]:
-    return [t for t in (rs.on_output(o) for o in outs) if t is not None]
+    """What the row sends when each response goes out before the next output (the send thread keeps up)."""
+    sent = []
+    for o in outs:
+        if (t := rs.on_output(o)) is not None:
+            sent.append(t)
+            rs.sent()
+    return sent
 
 
 def test_streaming_emits_each_token_with_the_ids_sent_before_it():
@@ -159,6 +168,52 @@ def test_streaming_emits_each_token_with_the_ids_sent_before_it():
         assert r["batch_index"].tolist() == [[3]] and "sequence_index" not in r  # one sequence: as the anchor
         # Each streamed response counts its own tokens (TensorRT-LLM PR 5445): a client sums them.
         assert r["num_input_tokens"].tolist() == [[3]] and r["num_output_tokens"].tolist() == [[1]]
+
+
+def test_a_streamed_row_behind_its_sends_merges_tokens_until_its_last_response_went_out():
+    rs = stream(streaming=True, return_log_probs=True)
+    tokens, lps = [100, 101, 102, 103, 104, 105], [-0.5, -1.0, -1.5, -2.0, -2.5, -3.0]
+    outs = outputs(tokens, lps)
+    first = rs.on_output(outs[0])  # nothing queued: out at once
+    assert first["output_ids"].tolist() == [[[100]]]
+    assert rs.on_output(outs[1]) is None and rs.on_output(outs[2]) is None  # the first has not gone out yet
+    rs.sent()
+    merged = rs.on_output(outs[3])
+    assert merged["output_ids"].tolist() == [[[101, 102, 103]]] and merged["sequence_length"].tolist() == [[3]]
+    assert merged["num_output_tokens"].tolist() == [[3]] and merged["stream_context_ids"].tolist() == [[[100]]]
+    assert merged["output_log_probs"].tolist() == [[[-1.0, -1.5, -2.0]]]
+    assert merged["cum_log_probs"].tolist() == [[-5.0]] and merged["stream_final"].tolist() == [[False]]
+    assert rs.on_output(outs[4]) is None  # the merged one is still queued
+    final = rs.on_output(outs[5])  # a row's last output goes out whatever is queued: nothing is left behind
+    assert final["output_ids"].tolist() == [[[104, 105]]] and final["stream_final"].tolist() == [[True]]
+    assert final["stream_context_ids"].tolist() == [[[100, 101, 102, 103]]]
+
+
+def test_a_streamed_row_acked_by_postprocessing_waits_for_the_ack_of_its_last_response(tmp_path, monkeypatch):
+    board = AckBoard(slots=2, directory=tmp_path)
+    rs, writer = stream(streaming=True), AckWriter(tmp_path)
+    rs.ack = board.lease()
+    outs = outputs(list(range(100, 108)))
+
+    def out(i):
+        t = rs.on_output(outs[i])
+        if t is not None:
+            rs.sent()  # the send thread keeps up: only postprocessing is behind
+        return t
+
+    first, second = out(0), out(1)  # nothing acked yet: not held (a direct client never acks)
+    assert first["stream_ack"].tolist() == [[board.pid, rs.ack.slot, (rs.ack.generation << 32) | 1]]
+    writer.ack(first["stream_ack"])  # acks on: response 2 not taken yet, so the next tokens wait
+    assert second["output_ids"].tolist() == [[[101]]] and out(2) is None and out(3) is None
+    writer.ack(second["stream_ack"])
+    merged = out(4)
+    assert merged["output_ids"].tolist() == [[[102, 103, 104]]] and merged["stream_ack"].tolist()[0][2] & 0xFFFF == 3
+    assert out(5) is None
+    now = time.monotonic()  # postprocessing stops acking: a row waits HOLD_MAX_S at most
+    monkeypatch.setattr(triton_io.time, "monotonic", lambda: now + HOLD_MAX_S)
+    assert out(6)["output_ids"].tolist() == [[[105, 106]]]
+    rs.close()
+    board.close()
 
 
 def test_non_streaming_emits_once_at_the_end():
