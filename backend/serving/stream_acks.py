@@ -44,6 +44,7 @@ class AckBoard:
     def __init__(self, slots: int = SLOTS, directory: Path = ACK_DIR) -> None:
         self.pid = os.getpid()
         self.path = ack_path(self.pid, directory)
+        _remove_stale(directory)
         self.path.write_bytes(bytes(8 * slots))  # replaces a file left by a crashed process of the same pid
         self.stamps = np.memmap(self.path, dtype=np.uint64, mode="r+", shape=(slots,))
         self._free = collections.deque(range(slots))
@@ -64,6 +65,14 @@ class AckBoard:
     def close(self) -> None:
         del self.stamps
         self.path.unlink(missing_ok=True)
+
+
+def _remove_stale(directory: Path) -> None:
+    """Files of processes that are gone (a killed stub never unlinks its own): 32 KB each, left to pile up else."""
+    for path in directory.glob("tritonllm-acks-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            path.unlink(missing_ok=True)
 
 
 def open_board(slots: int = SLOTS, directory: Path = ACK_DIR) -> AckBoard | None:

@@ -18,24 +18,22 @@ import backend  # noqa: F401 -- first: its OMP_WAIT_POLICY default must precede 
 # isort: split
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from backend.model.kernels.bf16_gemv import bf16_gemv
 from backend.model.prepacked_linear import PrepackedLinear
 
-SHAPES = [(768, 1280), (768, 768), (768, 6144), (3072, 768)]  # (in, out) of each linear in a 125M layer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_decode_floor import _timed  # noqa: E402
+from gemv_rows import SHAPES  # noqa: E402 -- (in, out) of each linear in a 125M layer
 
 
 def _linears(k: int, n: int, count: int) -> list[PrepackedLinear]:
     return [PrepackedLinear(torch.randn(n, k) * 0.05, None, torch.bfloat16, gemv=True) for _ in range(count)]
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def paired(rows: int, rounds: int) -> None:

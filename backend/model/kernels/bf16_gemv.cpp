@@ -28,6 +28,7 @@ constexpr int64_t kLanes = 16;  // output columns per accumulator (its float32 l
 constexpr int64_t kStripTiles = 4;  // accumulators across a strip: 64 columns (bf16_gemv.py's STRIP)
 constexpr int64_t kLineBytes = 2 * kLanes * sizeof(uint16_t);  // one weight vector (16 bf16 pairs): a cache line
 constexpr int64_t kStrip = kLanes * kStripTiles;
+constexpr int64_t kPairBytes = kStripTiles * kLineBytes;  // one pair of every column of a full strip: 256 bytes
 
 // Sixteen float32 values' bits rounded to nearest even at bit 16 (the bf16 value in the top half, the low half
 // cleared), denormals included, on integer lanes: what c10::BFloat16 and ATen's vectorized conversion compute for
@@ -85,7 +86,7 @@ void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t c
         for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(pf.from + t * kLineBytes, _MM_HINT_NTA);
       else
         for (int64_t t = 0; t < kStripTiles; ++t) _mm_prefetch(pf.from + t * kLineBytes, _MM_HINT_T1);
-      pf.from += kStripTiles * kLineBytes;
+      pf.from += kPairBytes;
     }
     __m512bh w[TT];
     for (int64_t t = 0; t + 1 < TT; ++t) w[t] = (__m512bh)_mm512_loadu_si512(row + t * 2 * kLanes);
@@ -145,7 +146,7 @@ void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp
   const auto share = [&](int64_t rows) {  // what a pass of `rows` rows prefetches
     if (M <= kTile) return kFull ? Prefetch{bytes(strip + kNear), 1, 1, true} : Prefetch{};
     if (next == nullptr) return Prefetch{};
-    const Prefetch pf{bytes(next + shared * kStripTiles * 2 * kLanes), rows, M, false};
+    const Prefetch pf{bytes(next) + shared * kPairBytes, rows, M, false};
     shared += Kp / 2 * rows / M;
     return pf;
   };

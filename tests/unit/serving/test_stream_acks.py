@@ -59,3 +59,13 @@ def test_close_removes_the_file(tmp_path):
 
 def test_without_a_writable_directory_there_is_no_board(tmp_path):
     assert open_board(2, tmp_path / "missing") is None
+
+
+def test_a_new_board_removes_files_of_processes_that_are_gone(tmp_path):
+    dead = ack_path(2**22 + 12345, tmp_path)  # above pid_max's default: no such process
+    alive = ack_path(1, tmp_path)  # init
+    for path in (dead, alive):
+        path.write_bytes(bytes(8))
+    board = AckBoard(slots=2, directory=tmp_path)
+    assert not dead.exists() and alive.exists() and board.path.exists()
+    board.close()
