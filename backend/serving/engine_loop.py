@@ -186,8 +186,8 @@ class EngineLoop:
 
     def _deliver(self, out: RequestOutput) -> None:
         sink = self._sinks.get(out.request_id)
-        if out.finished and self._sinks.pop(out.request_id, None) is not None:
-            self._count(-1)
+        if out.finished:
+            self._forget(out.request_id)
         if sink is None:
             return
         if out.error is not None:  # this request alone failed in the engine's step
@@ -202,13 +202,17 @@ class EngineLoop:
     def _end_undeliverable(self, out: RequestOutput, sink: OutputSink, exc: Exception) -> None:
         """The error is the request's end: its client must not wait for a final output that cannot come."""
         if not out.finished:  # stop it in the engine; its abort output is not delivered (the sink is forgotten)
-            if self._sinks.pop(out.request_id, None) is not None:
-                self._count(-1)
+            self._forget(out.request_id)
             self.engine.abort(out.request_id)
         try:
             sink.fail(RuntimeError(f"internal error delivering the output ({type(exc).__name__}; the log has it)"))
         except Exception:
             log.exception("failing %s failed", out.request_id)
+
+    def _forget(self, request_id: str) -> None:
+        """Drops the request's sink; it no longer counts as in flight."""
+        if self._sinks.pop(request_id, None) is not None:
+            self._count(-1)
 
     def _fail_all(self, error: Exception) -> None:
         for request_id, sink in list(self._sinks.items()):

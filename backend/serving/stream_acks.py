@@ -8,19 +8,22 @@ tells the tensorrt_llm model so (newer ensembles have max_inflight_requests). Wi
 tokens wait in the tensorrt_llm model (RowStream) until postprocessing has taken its previous response, and go out
 together: under load each execution carries several tokens; unloaded every token still goes out alone.
 
-How: the tensorrt_llm model's process owns a small file in /dev/shm, one 64-bit stamp per slot; each streamed
-response carries `stream_ack` = (its process id, its row's slot, stamp), the stamp being the slot's generation
-(<< 32) and the response's number in its stream. Postprocessing writes the stamp into the file once it has the
-response. A row reads its slot: a stamp of another generation (a slot's earlier row) counts as nothing acked.
-A stream nobody acks (a direct client, the BLS model) is never held; one whose acks stop is held at most
-HOLD_MAX_S. A client calling postprocessing directly can only write stamps into such files (bounds checked):
-at worst another stream waits HOLD_MAX_S, it can read nothing.
+How: the tensorrt_llm model's process owns a small file in /dev/shm, one 64-bit stamp per slot, named by a random
+62-bit key (not the process id: servers in separate PID namespaces may share /dev/shm); each streamed response
+carries `stream_ack` = (the file's key, its row's slot, stamp), the stamp being the slot's generation (<< 32) and
+the response's number in its stream. Postprocessing writes the stamp into the file once it has the response. A row
+reads its slot: a stamp of another generation (a slot's earlier row) counts as nothing acked. A stream nobody acks
+(a direct client, the BLS model) is never held; one whose acks stop is held at most HOLD_MAX_S. A client calling
+postprocessing directly would have to guess a key to write a stamp (bounds checked); it can read nothing.
+The owner holds an flock on its file while it lives: a file nobody locks is a dead process's, in any namespace.
 """
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import os
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +36,8 @@ HOLD_MAX_S = 0.5  # a row waits at most this long for an ack (postprocessing sto
 _SEQ_BITS = 32
 
 
-def ack_path(pid: int, directory: Path = ACK_DIR) -> Path:
-    return directory / f"tritonllm-acks-{pid}"
+def ack_path(key: int, directory: Path = ACK_DIR) -> Path:
+    return directory / f"tritonllm-acks-{key:016x}"
 
 
 class AckBoard:
@@ -42,10 +45,10 @@ class AckBoard:
     so a late ack of a slot's earlier row rarely meets its next one)."""
 
     def __init__(self, slots: int = SLOTS, directory: Path = ACK_DIR) -> None:
-        self.pid = os.getpid()
-        self.path = ack_path(self.pid, directory)
+        self.key = secrets.randbits(62) + 1  # > 0, and fits stream_ack's int64
+        self.path = ack_path(self.key, directory)
         _remove_stale(directory)
-        self.path.write_bytes(bytes(8 * slots))  # replaces a file left by a crashed process of the same pid
+        self._fd = _locked_file(self.path, 8 * slots)
         self.stamps = np.memmap(self.path, dtype=np.uint64, mode="r+", shape=(slots,))
         self._free = collections.deque(range(slots))
         self._generation = [0] * slots
@@ -65,14 +68,40 @@ class AckBoard:
     def close(self) -> None:
         del self.stamps
         self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+
+
+def _locked_file(path: Path, size: int) -> int:
+    """Makes the zeroed file under a hidden name, locks it, then gives it its name: no other board's clean-up can
+    see it unlocked. The lock lasts while the returned descriptor is open (the process's life)."""
+    hidden = path.with_name(f".{path.name}")
+    fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, size)
+        os.rename(hidden, path)
+    except OSError:
+        os.close(fd)
+        hidden.unlink(missing_ok=True)
+        raise
+    return fd
 
 
 def _remove_stale(directory: Path) -> None:
-    """Files of processes that are gone (a killed stub never unlinks its own): 32 KB each, left to pile up else."""
+    """Files of processes that are gone (a killed stub never unlinks its own): 32 KB each, left to pile up else.
+    A file whose lock can be taken has no owner."""
     for path in directory.glob("tritonllm-acks-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # removed meanwhile, or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             path.unlink(missing_ok=True)
+        except OSError:  # locked: its owner lives
+            pass
+        finally:
+            os.close(fd)
 
 
 def open_board(slots: int = SLOTS, directory: Path = ACK_DIR) -> AckBoard | None:
@@ -95,7 +124,7 @@ class AckSlot:
 
     def stamp(self, seq: int) -> np.ndarray:
         """(1, 3) int64: the `stream_ack` output of this row's response number seq (from 1)."""
-        return np.array([[self.board.pid, self.slot, (self.generation << _SEQ_BITS) | seq]], dtype=np.int64)
+        return np.array([[self.board.key, self.slot, (self.generation << _SEQ_BITS) | seq]], dtype=np.int64)
 
     def acked(self) -> int:
         """The number of this row's last response postprocessing took; 0 if none (or nobody acks this row)."""
@@ -117,20 +146,20 @@ class AckWriter:
 
     def ack(self, acks: np.ndarray) -> None:
         """acks: (B, 3) int64, each row a `stream_ack`. Rows naming no file or slot are skipped."""
-        for pid, slot, stamp in np.asarray(acks, dtype=np.int64).reshape(-1, 3).tolist():
-            stamps = self._board(pid)
+        for key, slot, stamp in np.asarray(acks, dtype=np.int64).reshape(-1, 3).tolist():
+            stamps = self._board(key)
             if stamps is not None and 0 <= slot < stamps.shape[0] and stamp >= 0:
                 stamps[slot] = stamp
 
-    def _board(self, pid: int) -> np.memmap | None:
-        """The file of process pid, opened once (each tensorrt_llm process makes its file before it answers)."""
-        if pid in self._boards:
-            return self._boards[pid]
-        if pid <= 0:
+    def _board(self, key: int) -> np.memmap | None:
+        """The file of that key, opened once (each tensorrt_llm process makes its file before it answers)."""
+        if key in self._boards:
+            return self._boards[key]
+        if key <= 0:
             return None
         try:
-            stamps = np.memmap(ack_path(pid, self.directory), dtype=np.uint64, mode="r+")
-        except (OSError, ValueError):  # no such file (a made-up pid, or its process is gone), or an empty one
-            return None  # not remembered: made-up pids must not grow this dict
-        self._boards[pid] = stamps
+            stamps = np.memmap(ack_path(key, self.directory), dtype=np.uint64, mode="r+")
+        except (OSError, ValueError):  # no such file (a made-up key, or its process is gone), or an empty one
+            return None  # not remembered: made-up keys must not grow this dict
+        self._boards[key] = stamps
         return stamps

@@ -40,22 +40,23 @@ class TritonPythonModel:
         self.acks = AckWriter()
 
     def execute(self, requests):
-        inputs = [_inputs(r) for r in requests]
-        for request, given in zip(requests, inputs):
-            final, key = given.get("STREAM_FINAL"), given.get("REQUEST_KEY")
-            if key is None:
-                continue
+        return [self._handle(request, _inputs(request)) for request in requests]
+
+    def _handle(self, request, given):
+        """Polls the stream's cancellation, builds its response, then acks it as taken: the stream's next tokens may
+        come (backend/serving/stream_acks.py)."""
+        final, key = given.get("STREAM_FINAL"), given.get("REQUEST_KEY")
+        if key is not None:
             key_id = int(key.reshape(-1)[0])
             # A final response's engine request is over (always so when not decoupled): nothing to stop.
             if final is None or bool(final.reshape(-1)[0]):
                 self.polls.forget(key_id)
             elif self.polls.due(key_id) and request.is_cancelled():  # an IPC round trip
                 self._stop_engine_request(key, given.get("SERVED_VERSION"))
-        responses = [self._respond(given) for given in inputs]
-        for given in inputs:  # taken: the stream's next tokens may come (backend/serving/stream_acks.py)
-            if (ack := given.get("STREAM_ACK")) is not None:
-                self.acks.ack(ack)
-        return responses
+        response = self._respond(given)
+        if (ack := given.get("STREAM_ACK")) is not None:
+            self.acks.ack(ack)
+        return response
 
     def _respond(self, given):
         try:

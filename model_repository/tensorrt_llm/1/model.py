@@ -92,14 +92,19 @@ class _RowSink:
         self.lease.on_output(bool(output.new_token_ids), output.finished, output.num_output_tokens)
         if output.finished:
             self.metrics.observe_finished(output)
-            self.stream.close()
+        try:
+            self._send(output)
+        finally:
+            if output.finished:  # after the final response took its stamp from the row's ack slot
+                self.stream.close()
+
+    def _send(self, output: RequestOutput) -> None:
         if output.finish_reason is FinishReason.CANCELLED and self.lease.timed_out:
             self.group.send(RowError(self.lease.timeout_message(), "UNAVAILABLE"), row_done=True)
-            return
-        if output.finish_reason is FinishReason.CANCELLED and self.watched.cancelled:
+        elif output.finish_reason is FinishReason.CANCELLED and self.watched.cancelled:
             self.group.send(RowError("request cancelled", "CANCELLED"), row_done=True)
-            return
-        self.group.send(self.stream.on_output(output), row_done=output.finished, on_sent=self.stream.sent)
+        else:
+            self.group.send(self.stream.on_output(output), row_done=output.finished, on_sent=self.stream.sent)
 
     def fail(self, error: Exception) -> None:
         self.lease.on_fail()

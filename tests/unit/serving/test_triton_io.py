@@ -202,7 +202,7 @@ def test_a_streamed_row_acked_by_postprocessing_waits_for_the_ack_of_its_last_re
         return t
 
     first, second = out(0), out(1)  # nothing acked yet: not held (a direct client never acks)
-    assert first["stream_ack"].tolist() == [[board.pid, rs.ack.slot, (rs.ack.generation << 32) | 1]]
+    assert first["stream_ack"].tolist() == [[board.key, rs.ack.slot, (rs.ack.generation << 32) | 1]]
     writer.ack(first["stream_ack"])  # acks on: response 2 not taken yet, so the next tokens wait
     assert second["output_ids"].tolist() == [[[101]]] and out(2) is None and out(3) is None
     writer.ack(second["stream_ack"])
