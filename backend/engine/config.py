@@ -57,10 +57,10 @@ class EngineConfig:
     # Decode steps replayed as CUDA graphs (backend/model/cuda_graphs.py; the anchor's cuda_graph_mode): "on" (CUDA,
     # one process), "off", "auto" (on where it runs: CUDA and an unsharded checkpoint).
     cuda_graph_mode: str = "auto"
-    # Products of 1-16 rows of bf16 linears (decode steps of up to 16 sequences) by an AVX-512 BF16 kernel over a
-    # second, interleaved copy of their weights (backend/model/kernels/bf16_gemv.py; oneDNN's copy serves more rows):
-    # "on" (bf16 linears beside float32 activations, a CPU with AVX-512 BF16), "off", "auto" (on where it runs and
-    # the KV cache keeps the capacity it would have without the copy).
+    # Products of 1-16 rows of the prepacked linears (decode steps of up to 16 sequences) by a kernel over a second
+    # copy of their weights (backend/model/kernels/gemv.py; oneDNN's copy serves more rows): bf16 linears beside
+    # float32 activations on AVX-512 BF16 CPUs, float32 linears on AVX2 + FMA ones. "on" (where it runs), "off",
+    # "auto" (on where it runs and the KV cache keeps the capacity it would have without the copy).
     decode_gemv: str = "auto"
 
     def __post_init__(self) -> None:
@@ -123,10 +123,9 @@ class EngineConfig:
             raise ValueError(f"cuda_graph_mode 'on' runs on CUDA only, not on device {self.device!r}")
         if self.decode_gemv not in DECODE_GEMV:
             raise ValueError(f"decode_gemv must be one of {DECODE_GEMV}, got {self.decode_gemv!r}")
-        if self.decode_gemv == "on" and (self.linear_kernel == "torch" or self.linear_dtype == "checkpoint"
-                                         or not self.device.startswith("cpu")):
-            raise ValueError(f"decode_gemv 'on' serves bf16 linears on oneDNN on CPU, not linear_kernel "
-                             f"{self.linear_kernel!r} / linear_dtype {self.linear_dtype!r} on device {self.device!r}")
+        if self.decode_gemv == "on" and (self.linear_kernel == "torch" or not self.device.startswith("cpu")):
+            raise ValueError(f"decode_gemv 'on' serves oneDNN-prepacked linears on CPU, not linear_kernel "
+                             f"{self.linear_kernel!r} on device {self.device!r}")
         if self.linear_kernel != "onednn":
             return
         import torch

@@ -25,10 +25,10 @@ from backend.errors import InvalidRequestError
 from backend.model.config import ModelConfig, kv_window, load_model_config, position_limit, torch_dtype
 from backend.model.features import DecoderFeatures
 from backend.model.host_memory import retain_freed_memory
-from backend.model.kernels.bf16_gemv import resolve_decode_gemv
+from backend.model.kernels.gemv import gemv_dtype, resolve_decode_gemv
 from backend.model.loader import load_model, widened_bytes
 from backend.model.parallel.driver import ParallelModelRunner
-from backend.model.prepacked_linear import gemv_copy_bytes, resolve_linear_dtype
+from backend.model.prepacked_linear import gemv_copy_bytes, resolve_linear_dtype, resolve_linear_kernel
 from backend.model.runner import ModelRunner
 from backend.model.step_inputs import StepInputs
 
@@ -71,10 +71,14 @@ def _gemv_copy_bytes(model: torch.nn.Module | None, kv_cfg: ModelConfig, config:
                      linear_dtype: torch.dtype | None, device: torch.device, free: int) -> int | None:
     """The bytes of the GEMV's weight copies where EngineConfig.decode_gemv resolves to on for this model,
     None where it is off. "auto" takes the GEMV only where the KV cache, planned with the copies in memory, holds
-    what it would hold without them (the copies double the bf16 linears' weight bytes)."""
-    if model is None or not resolve_decode_gemv(config.decode_gemv, device, linear_dtype):
+    what it would hold without them (the copies double the linears' weight bytes)."""
+    if model is None:
         return None
-    copy = gemv_copy_bytes(model)
+    model_dtype = torch_dtype(model.config)
+    onednn = resolve_linear_kernel(config.linear_kernel, device, model_dtype) == "onednn"
+    if not resolve_decode_gemv(config.decode_gemv, device, gemv_dtype(linear_dtype, model_dtype), onednn):
+        return None
+    copy = gemv_copy_bytes(model, linear_dtype)
     if config.decode_gemv == "on":
         return copy
     try:

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from backend.kernel_choices import LINEAR_DTYPES, LINEAR_KERNELS
-from backend.model.kernels.bf16_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from backend.model.kernels.bf16_gemv import bf16_gemv, interleave, interleaved_width
+from backend.model.kernels.gemv import MAX_ROWS as GEMV_MAX_ROWS
+from backend.model.kernels.gemv import copy_bytes, gemv_copy
+from backend.model.kernels.gemv import gemv as gemv_product
 
 log = logging.getLogger(__name__)
 
@@ -104,23 +105,23 @@ def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.
 class PrepackedLinear(nn.Module):
     """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter), in `dtype` (None:
     the weight's): x is rounded to it before the product and y widened back to x's dtype after it (bf16 linears
-    beside float32 activations; decode_layers.cpp's packed_linear does the same). With `gemv` (bf16 only), a second
-    copy of W interleaved for the GEMV (kernels/bf16_gemv.py) computes products of 1 to GEMV_MAX_ROWS rows: the same
-    result up to float32 summation order."""
+    beside float32 activations; decode_layers.cpp's packed_linear does the same). With `gemv` (float32 or bf16
+    linears), a second copy of W for the GEMV (kernels/gemv.py: bf16 interleaved, float32 as it is) computes products
+    of 1 to GEMV_MAX_ROWS float32 rows: the same result up to float32 summation order."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None,
                  gemv: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.dtype = dtype or weight.dtype
-        if gemv and self.dtype != torch.bfloat16:
-            raise ValueError(f"the bf16 GEMV serves bfloat16 linears, not {self.dtype} ones")
+        if gemv and self.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"the GEMV serves bfloat16 and float32 linears, not {self.dtype} ones")
         weight = weight.detach().to(self.dtype).contiguous()
         self.weight_bytes = weight.numel() * weight.element_size()
         # batch_size is a layout hint; the packed weight serves any number of rows (decode and prefill alike).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 16)
         self.bias = None if bias is None else bias.detach().to(self.dtype).clone()
-        self.gemv = interleave(weight) if gemv else None  # (N, K padded to 32), bf16_gemv.cpp's layout
+        self.gemv = gemv_copy(weight, self.dtype) if gemv else None  # the GEMV kernel's layout (kernels/gemv.py)
 
     @classmethod
     def of(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> PrepackedLinear:
@@ -128,7 +129,7 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv is not None and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32:
-            return bf16_gemv(x, self.gemv, self.bias)
+            return gemv_product(x, self.gemv, self.bias)
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
@@ -160,7 +161,7 @@ def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None, gemv: bo
     return model
 
 
-def gemv_copy_bytes(model: nn.Module) -> int:
-    """Bytes of the GEMV's interleaved copies prepack_linears(model, bfloat16, gemv=True) would add beside
-    oneDNN's packed weights (bf16, columns padded to 32)."""
-    return sum(w.shape[0] * interleaved_width(w.shape[1]) * 2 for _, _, w, _ in _prepackable(model))
+def gemv_copy_bytes(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Bytes of the GEMV's copies prepack_linears(model, dtype, gemv=True) would add beside oneDNN's packed weights
+    (bf16: interleaved, columns padded to pairs; float32: the weights as they are)."""
+    return sum(copy_bytes(w, dtype or w.dtype) for _, _, w, _ in _prepackable(model))

@@ -9,7 +9,7 @@ from backend.model.causal_lm import CausalLM
 from backend.model.config import torch_dtype
 from backend.model.cuda_graphs import CaptureError, DecodeGraphs, resolve_cuda_graphs
 from backend.model.decoder import AttentionMetadata
-from backend.model.kernels.bf16_gemv import resolve_decode_gemv
+from backend.model.kernels.gemv import gemv_dtype, resolve_decode_gemv
 from backend.model.kernels.causal_prefill import unsupported as causal_prefill_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers
 from backend.model.kernels.paged_decode import resolve_attention_kernel
@@ -66,14 +66,15 @@ class ModelRunner:
         would be in the checkpoint's own dtype: half the bytes of float32 rows to keep and to read). The chosen ones
         are kept in self.linear_kernel, self.attention_kernel and self.native_layers (None: the Python layers);
         cuda_graphs: "on", "off" or "auto" (on CUDA): decode steps replay CUDA graphs (backend/model/cuda_graphs.py;
-        self.graphs, None when off); decode_gemv: "on", "off" or "auto": bf16 products of up to 16 rows by the GEMV
-        (backend/model/kernels/bf16_gemv.py; self.decode_gemv)."""
+        self.graphs, None when off); decode_gemv: "on", "off" or "auto": the prepacked linears' products of up to 16
+        float32 rows by the GEMV (backend/model/kernels/gemv.py; self.decode_gemv)."""
         self.linear_kernel = resolve_linear_kernel(linear_kernel, device, torch_dtype(model.config))
         if linear_dtype is not None and self.linear_kernel != "onednn":
             raise ValueError(f"linears in {linear_dtype} beside {torch_dtype(model.config)} activations run on oneDNN "
                              f"only, not linear_kernel {linear_kernel!r}")
         self.attention_kernel = resolve_attention_kernel(attention_kernel, device, torch_dtype(model.config))
-        self.decode_gemv = resolve_decode_gemv(decode_gemv, device, linear_dtype)
+        self.decode_gemv = resolve_decode_gemv(decode_gemv, device, gemv_dtype(linear_dtype, torch_dtype(model.config)),
+                                               self.linear_kernel == "onednn")
         self.model = (prepack_linears(model, linear_dtype, self.decode_gemv) if self.linear_kernel == "onednn"
                       else model)
         self.device = device

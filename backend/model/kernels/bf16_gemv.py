@@ -1,7 +1,8 @@
-"""bf16 linears of 1 to MAX_ROWS rows (decode steps of up to 16 sequences) on an AVX-512 BF16 kernel over interleaved
+"""bf16 linears of 1 to 16 rows (decode steps of up to 16 sequences) on an AVX-512 BF16 kernel over interleaved
 weights (bf16_gemv.cpp; "GEMV" for its one-row origin).
 
-The Python side: the weights' layout, the call, and where it applies. A batch-1 decode step's linears are reads of
+The Python side: the weights' layout, the call, and whether the CPU runs it (backend/model/kernels/gemv.py decides
+where the GEMV applies). A batch-1 decode step's linears are reads of
 their weights; oneDNN's bf16 kernel reads them at about two thirds of the memory's read rate on the development CPU,
 this kernel at about that rate (0.97-1.04 of a sum on every core, with non-temporal prefetch); at 8-16 rows it reads
 the weights once and computes at or beyond oneDNN's rate (perf/ISSUE16.md). It needs its own copy of each bf16
@@ -12,13 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from backend.kernel_choices import DECODE_GEMV
 from backend.model.kernels.build import avx512_bf16_missing, load
 
 LANES, STRIP = 16, 64  # bf16_gemv.cpp's kLanes (output columns per accumulator) and kStrip (columns per strip)
-# Most rows of x per call (kernels.h's kGemvMaxRows): products of up to 16 rows (a decode step of up to 16 sequences)
-# read the weights once and compute at or beyond oneDNN's rate; more go to oneDNN (perf/ISSUE16.md).
-MAX_ROWS = 16
 _NO_BIAS = torch.empty(0)  # the kernel's "no bias", made once: the call sits on the decode step's hot path
 
 
@@ -42,7 +39,7 @@ def interleave(w: torch.Tensor) -> torch.Tensor:
 
 
 def bf16_gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (M, K) float32, 1 <= M <= MAX_ROWS -> (M, N) float32: bf16(bf16(x) W^T + bias) widened, W given interleaved
+    """x (M, K) float32, 1 <= M <= gemv.MAX_ROWS -> (M, N) float32: bf16(bf16(x) W^T + bias) widened, W given interleaved
     (`packed`). Each row's result is the same whatever M is (one summation order for every row)."""
     return load().bf16_gemv(x, packed, _NO_BIAS if bias is None else bias)
 
@@ -52,18 +49,3 @@ def unsupported(device: torch.device | str) -> str | None:
     if torch.device(device).type != "cpu":
         return f"the bf16 GEMV runs on CPU only, not on {device}"
     return avx512_bf16_missing("bf16 GEMV", "bf16_gemv_available")
-
-
-def resolve_decode_gemv(choice: str, device: torch.device | str, linear_dtype: torch.dtype | None) -> bool:
-    """Whether bf16 linears' products of up to MAX_ROWS rows take the GEMV. linear_dtype: the prepacked linears'
-    dtype beside float32 activations (None: the checkpoint's, which the GEMV does not serve). "on" where it cannot
-    run raises ValueError naming why; "auto" -> where it runs."""
-    if choice not in DECODE_GEMV:
-        raise ValueError(f"decode_gemv must be one of {DECODE_GEMV}, got {choice!r}")
-    if choice == "off":
-        return False
-    reason = (f"the linears compute in the checkpoint's dtype, not in bfloat16 beside float32 activations"
-              if linear_dtype != torch.bfloat16 else unsupported(device))
-    if choice == "on" and reason is not None:
-        raise ValueError(f"decode_gemv 'on' is unavailable: {reason}")
-    return reason is None

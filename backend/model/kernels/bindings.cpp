@@ -16,4 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_gemv", &bf16_gemv, "a bf16 linear of 1-16 rows over interleaved weights (AVX-512 BF16, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_gemv_available", &bf16_gemv_available, "whether bf16_gemv was compiled (the CPU has AVX-512 BF16)");
+  m.def("f32_gemv", &f32_gemv, "a float32 linear of 1-16 rows over its row-major weight (AVX2 + FMA, CPU)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("f32_gemv_available", &f32_gemv_available, "whether f32_gemv was compiled (the CPU has AVX2 + FMA)");
 }

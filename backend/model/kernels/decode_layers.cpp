@@ -27,10 +27,12 @@ bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 
 // x (T, in) @ a oneDNN-packed weight (+ bias): prepacked_linear.PrepackedLinear.forward's call, which rounds x to
 // the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back; up to
-// kGemvMaxRows rows on the GEMV's interleaved copy where there is one, as PrepackedLinear.forward does.
+// kGemvMaxRows rows on the GEMV's copy where there is one (bf16: interleaved; float32: row-major), as
+// PrepackedLinear.forward does.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
                             const torch::Tensor& gemv) {
-  if (x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && present(gemv)) return bf16_gemv(x, gemv, bias);
+  if (x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && present(gemv))
+    return gemv.scalar_type() == at::kFloat ? f32_gemv(x, gemv, bias) : bf16_gemv(x, gemv, bias);
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const bool cast = packed.scalar_type() != x.scalar_type();
   torch::jit::Stack stack{cast ? x.to(packed.scalar_type()) : x, packed,

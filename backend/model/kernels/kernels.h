@@ -27,3 +27,7 @@ torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, con
 constexpr int64_t kGemvMaxRows = 16;
 bool bf16_gemv_available();
 torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);
+
+// f32_gemv.cpp: a float32 linear of 1 to kGemvMaxRows rows over its row-major weight (AVX2 + FMA CPUs).
+bool f32_gemv_available();
+torch::Tensor f32_gemv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);

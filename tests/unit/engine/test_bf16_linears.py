@@ -188,7 +188,7 @@ def test_auto_takes_the_gemv_where_the_kv_cache_keeps_its_capacity(bf16_checkpoi
     ckpt = bf16_checkpoint("llama3")[1]
     limits = dict(max_batch_size=8, max_seq_len=64, max_input_len=32, tokens_per_block=8, device="cpu")
     fraction = 4.5 * 64 * kv_bytes_per_token(load_model_config(ckpt)) / free_memory_bytes(CPU)  # ~4.5 sequences
-    monkeypatch.setattr(llm_engine, "gemv_copy_bytes", lambda model: free_memory_bytes(CPU) // 2)
+    monkeypatch.setattr(llm_engine, "gemv_copy_bytes", lambda model, dtype: free_memory_bytes(CPU) // 2)
     roomy = LLMEngine(ckpt, EngineConfig(**limits))  # max_batch_size x max_seq_len is the limit
     assert roomy.runner.decode_gemv and roomy.kv_plan.tokens == 8 * 64
     tight = LLMEngine(ckpt, EngineConfig(**limits, kv_cache_free_mem_fraction=fraction))

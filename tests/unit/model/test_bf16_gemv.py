@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from backend.engine.config import EngineConfig
-from backend.model.kernels import bf16_gemv as gemv_module
-from backend.model.kernels.bf16_gemv import (
-    MAX_ROWS, STRIP, bf16_gemv, interleave, interleaved_width, resolve_decode_gemv, unsupported)
+from backend.model.kernels import gemv as gemv_module
+from backend.model.kernels.bf16_gemv import STRIP, bf16_gemv, interleave, interleaved_width, unsupported
+from backend.model.kernels.gemv import MAX_ROWS, resolve_decode_gemv
 from backend.model.prepacked_linear import PrepackedLinear, bf16_linears_unavailable, gemv_copy_bytes, prepack_linears
 from tests.unit.model.fused_mlp import FusedMlp
 
@@ -126,7 +126,8 @@ def test_prepacked_linear_takes_it_up_to_max_rows(monkeypatch):
     w, b, _ = _operands(160, 96, True, seed=1)
     with_gemv, plain = PrepackedLinear(w, b, torch.bfloat16, gemv=True), PrepackedLinear(w, b, torch.bfloat16)
     calls = []
-    monkeypatch.setattr("backend.model.prepacked_linear.bf16_gemv", lambda *a: calls.append(a) or bf16_gemv(*a))
+    monkeypatch.setattr("backend.model.kernels.gemv.bf16_gemv.bf16_gemv",
+                        lambda *a: calls.append(a) or bf16_gemv(*a))
     one, most, many = torch.randn(1, 96), torch.randn(MAX_ROWS, 96), torch.randn(MAX_ROWS + 1, 96)
     assert torch.equal(with_gemv(one), bf16_gemv(one, with_gemv.gemv, b)) and len(calls) == 1
     assert torch.equal(with_gemv(most), bf16_gemv(most, with_gemv.gemv, b)) and len(calls) == 2
@@ -139,7 +140,7 @@ def test_prepacked_linear_takes_it_up_to_max_rows(monkeypatch):
 @needs_gemv
 def test_the_copies_bytes():
     model = FusedMlp(proj_in=40)
-    expected = gemv_copy_bytes(model)
+    expected = gemv_copy_bytes(model, torch.bfloat16)
     assert expected == (32 * 8 + 8 * 40) * 2  # fc_gate (32, 8) and proj (8, 40), K even: no padding; fc / gate fused
     prepack_linears(model, torch.bfloat16, gemv=True)
     held = [m.gemv for m in model.modules() if isinstance(m, PrepackedLinear) and m.gemv is not None]
@@ -170,16 +171,20 @@ def test_where_it_is_chosen(monkeypatch):
     with pytest.raises(ValueError, match="decode_gemv must be one of"):
         resolve_decode_gemv("fast", CPU, torch.bfloat16)
     assert resolve_decode_gemv("off", CPU, torch.bfloat16) is False
-    assert resolve_decode_gemv("auto", CPU, None) is False  # float32 linears keep oneDNN
-    with pytest.raises(ValueError, match="decode_gemv 'on' is unavailable: the linears compute in the checkpoint's"):
+    assert resolve_decode_gemv("auto", CPU, None) is False  # bf16 activations (a bf16 checkpoint as it is)
+    with pytest.raises(ValueError, match="decode_gemv 'on' is unavailable: the GEMV serves float32 linears and "
+                                         "bfloat16 ones beside float32 activations"):
         resolve_decode_gemv("on", CPU, None)
-    with pytest.raises(ValueError, match="the bf16 GEMV serves bfloat16 linears, not torch.float32"):
-        PrepackedLinear(torch.randn(4, 8), None, torch.float32, gemv=True)
-    monkeypatch.setattr(gemv_module, "unsupported", lambda device: "the bf16 GEMV needs AVX-512 BF16")
+    with pytest.raises(ValueError, match="decode_gemv 'on' is unavailable: the linears are not oneDNN-prepacked"):
+        resolve_decode_gemv("on", CPU, torch.bfloat16, onednn=False)
+    assert resolve_decode_gemv("auto", CPU, torch.float32, onednn=False) is False
+    with pytest.raises(ValueError, match="the GEMV serves bfloat16 and float32 linears, not torch.float16"):
+        PrepackedLinear(torch.randn(4, 8), None, torch.float16, gemv=True)
+    monkeypatch.setattr(gemv_module.bf16_gemv, "unsupported", lambda device: "the bf16 GEMV needs AVX-512 BF16")
     assert resolve_decode_gemv("auto", CPU, torch.bfloat16) is False
     with pytest.raises(ValueError, match="decode_gemv 'on' is unavailable: the bf16 GEMV needs AVX-512 BF16"):
         resolve_decode_gemv("on", CPU, torch.bfloat16)
-    monkeypatch.setattr(gemv_module, "unsupported", lambda device: None)
+    monkeypatch.setattr(gemv_module.bf16_gemv, "unsupported", lambda device: None)
     assert resolve_decode_gemv("auto", CPU, torch.bfloat16) is True
     assert "CPU only" in unsupported("meta")
 
@@ -187,6 +192,6 @@ def test_where_it_is_chosen(monkeypatch):
 def test_the_config_refuses_what_cannot_run():
     with pytest.raises(ValueError, match="decode_gemv must be one of"):
         EngineConfig(decode_gemv="yes")
-    for other in (dict(linear_kernel="torch"), dict(linear_dtype="checkpoint"), dict(device="cuda")):
-        with pytest.raises(ValueError, match="decode_gemv 'on' serves bf16 linears on oneDNN on CPU"):
+    for other in (dict(linear_kernel="torch"), dict(device="cuda")):
+        with pytest.raises(ValueError, match="decode_gemv 'on' serves oneDNN-prepacked linears on CPU"):
             EngineConfig(decode_gemv="on", **other)

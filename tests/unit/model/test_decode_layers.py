@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend.engine.config import EngineConfig
-from backend.model.kernels.bf16_gemv import unsupported as gemv_unsupported
+from backend.model.kernels.gemv import unsupported as gemv_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
 from backend.model.loader import load_model
 from backend.model.prepacked_linear import bf16_linears_unavailable
@@ -99,15 +99,23 @@ def test_the_config_refuses_what_cannot_run():
         EngineConfig(decode_layers="native", device="cuda")
 
 
-@pytest.mark.skipif(gemv_unsupported(CPU) is not None or bf16_linears_unavailable(CPU) is not None,
-                    reason=f"bf16 GEMV: {gemv_unsupported(CPU) or bf16_linears_unavailable(CPU)}")
+GEMV_DTYPES = [
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        gemv_unsupported(CPU, torch.bfloat16) is not None or bf16_linears_unavailable(CPU) is not None,
+        reason=f"bf16 GEMV: {gemv_unsupported(CPU, torch.bfloat16) or bf16_linears_unavailable(CPU)}")),
+    pytest.param(None, marks=pytest.mark.skipif(gemv_unsupported(CPU, torch.float32) is not None,
+                                                reason=f"float32 GEMV: {gemv_unsupported(CPU, torch.float32)}"))]
+
+
+@pytest.mark.parametrize("linear_dtype", GEMV_DTYPES, ids=["bf16-linears", "float32"])
 @pytest.mark.parametrize("name", ["llama3", "qwen2", "gemma2", "phi3_partial"])
 @pytest.mark.parametrize("lengths, ctx_start", [([37], [8]), ([37, 1, 60, 24, 9, 33, 5], [0, 0, 16, 8, 0, 0, 0])])
-def test_decode_steps_on_the_gemv_bit_for_bit(family_checkpoint, name, lengths, ctx_start):
-    """A decode step of 1 or 7 sequences with bf16 linears on the GEMV (backend/model/kernels/bf16_gemv.py, up to 16
-    rows): the compiled layers call the same kernel on the same copies as the Python layers."""
-    runner = _runner(family_checkpoint, name, linear_dtype=torch.bfloat16, decode_gemv="on")
+def test_decode_steps_on_the_gemv_bit_for_bit(family_checkpoint, name, lengths, ctx_start, linear_dtype):
+    """A decode step of 1 or 7 sequences with the linears on the GEMV (backend/model/kernels/gemv.py, up to 16 rows):
+    bf16 linears beside float32 activations, or float32 ones; the compiled layers call the same kernel on the same
+    copies as the Python layers."""
+    runner = _runner(family_checkpoint, name, linear_dtype=linear_dtype, decode_gemv="on")
     assert runner.decode_gemv and runner.native_layers is not None
     assert all(t.numel() > 0 for t in runner.native_layers.weights[11::15])  # the qkv GEMV copy of every layer
     step = _decode_step(lengths, ctx_start=ctx_start, seed=len(name))
-    _assert_layers_equal(runner, step, own_dtype=True)  # bf16 pools
+    _assert_layers_equal(runner, step, own_dtype=True)  # the runner's pools: bf16 beside bf16 linears
