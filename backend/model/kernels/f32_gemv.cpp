@@ -6,7 +6,8 @@
 // there where a sum on both cores reads 18-23 GB/s; this kernel at 13-16 GB/s, and at 16 rows it takes oneDNN's time
 // or less (perf/ISSUE16.md, "A float32 GEMV for CPUs without AVX-512").
 // Each thread takes a contiguous range of output columns (rows of W), kCols at a time: each block of kCols rows of W
-// is read from memory once, by the first pass of kRowTile rows of x, then from L1 / L2 by the other passes. An
+// is read from memory once, by the first pass of kRowTile rows of x (which also asks for the next block), then from
+// L1 / L2 by the other passes. An
 // accumulator holds 8 partial sums of one output (k = i mod 8), summed at the end, then the columns past the last
 // multiple of 8, then the bias: the same order for every row of x, whatever the number of rows.
 // AVX2 + FMA (every x86-64 CPU this project serves has them); elsewhere f32_gemv_available() is false and oneDNN
@@ -21,10 +22,11 @@
 
 namespace {
 
-// Outputs (rows of W) per block: 4 weight vectors and 3 x 4 accumulators fill the 16 registers; one row of x takes
-// 8 (8 weight streams: 24-26 ms against 28-29 for 4 over the 125M model's linears, perf/ISSUE16.md).
-constexpr int64_t kCols = 4, kColsOneRow = 8;
-constexpr int64_t kRowTile = 3;  // rows of x per pass over a block
+// Outputs (rows of W) per block and rows of x per pass over it: 3 weight vectors, one x vector and 4 x 3
+// accumulators fill the 16 registers, and 16 rows take 4 passes with none left over (against 3 x 4 blocks: 0.83x
+// the time of the 125M model's linears at 16 rows, 0.86x at 8, 0.87x at 4; perf/ISSUE16.md). One row of x takes
+// 8 outputs (8 weight streams: 24-26 ms against 28-29 for 4 over the 125M model's linears).
+constexpr int64_t kCols = 3, kRowTile = 4, kColsOneRow = 8;
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -34,13 +36,21 @@ inline float hsum(__m256 v) {
 }
 
 // out[m * ldo + j] = dot(row j of w, row m of x) + bias[j] for MT rows of x (ldx apart), NT rows of w (K apart).
+// next: the next block's NT rows of w (NT * K floats), asked for into L2 as this pass streams its own (NT / 2 lines
+// a step of 8 columns: all of it by the pass's end), or nullptr. Why: the other passes over this block compute from
+// the caches while the next block's reads are in flight; without it each block's first pass waited on memory and
+// the passes after it left the memory idle.
 template <int64_t MT, int64_t NT>
-void block_dots(const float* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, const float* bias) {
+void block_dots(const float* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, const float* bias,
+                const float* next) {
   __m256 acc[MT][NT];
   for (int64_t m = 0; m < MT; ++m)
     for (int64_t j = 0; j < NT; ++j) acc[m][j] = _mm256_setzero_ps();
   const int64_t K8 = K / 8 * 8;
   for (int64_t k = 0; k < K8; k += 8) {
+    if (next != nullptr)
+      for (int64_t line = 0; line < (NT + 1) / 2; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(next + k * NT + line * 16), _MM_HINT_T1);
     __m256 wv[NT];
     for (int64_t j = 0; j < NT; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
     for (int64_t m = 0; m < MT; ++m) {
@@ -56,31 +66,41 @@ void block_dots(const float* w, int64_t K, const float* x, int64_t ldx, float* o
     }
 }
 
-// Every row of x (M of them) against NT rows of w: passes of kRowTile rows, then the remaining one or two.
-template <int64_t NT>
+// Every row of x (M of them) against NT rows of w: passes of MT rows, then the rest (fewer than MT) in one pass;
+// the first pass asks for the next block (block_dots).
+template <int64_t MT, int64_t NT>
 void block_rows(const float* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo,
-                const float* bias) {
+                const float* bias, const float* next) {
   int64_t m = 0;
-  for (; m + kRowTile <= M; m += kRowTile) block_dots<kRowTile, NT>(w, K, x + m * ldx, ldx, out + m * ldo, ldo, bias);
-  switch (M - m) {
-    case 2: block_dots<2, NT>(w, K, x + m * ldx, ldx, out + m * ldo, ldo, bias); break;
-    case 1: block_dots<1, NT>(w, K, x + m * ldx, ldx, out + m * ldo, ldo, bias); break;
-    default: break;
+  for (; m + MT <= M; m += MT, next = nullptr)
+    block_dots<MT, NT>(w, K, x + m * ldx, ldx, out + m * ldo, ldo, bias, next);
+  if constexpr (MT > 1) {
+    const float* xm = x + m * ldx;
+    float* om = out + m * ldo;
+    switch (M - m) {
+      case 3: block_dots<3, NT>(w, K, xm, ldx, om, ldo, bias, next); break;
+      case 2: block_dots<2, NT>(w, K, xm, ldx, om, ldo, bias, next); break;
+      case 1: block_dots<1, NT>(w, K, xm, ldx, om, ldo, bias, next); break;
+      default: break;
+    }
   }
 }
 
-// y (M, N) = x W^T + b over blocks of NT outputs, each thread a contiguous range of them; the last N % NT outputs
-// one at a time.
-template <int64_t NT>
+// y (M, N) = x W^T + b over blocks of NT outputs, each thread a contiguous range of them (passes of MT rows of x);
+// the last N % NT outputs one at a time. prefetch: whether each block asks for the next (not at one row, where
+// the reads are the whole work and the hardware's prefetch keeps up).
+template <int64_t MT, int64_t NT, bool prefetch>
 void product(const float* x, int64_t ldx, int64_t M, const float* w, int64_t N, int64_t K, const float* b, float* y) {
   const int64_t blocks = N / NT;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t n0 = blk * NT;
-      block_rows<NT>(w + n0 * K, K, x, ldx, M, y + n0, N, b ? b + n0 : nullptr);
+      const float* next = prefetch && blk + 1 < end ? w + (n0 + NT) * K : nullptr;
+      block_rows<MT, NT>(w + n0 * K, K, x, ldx, M, y + n0, N, b ? b + n0 : nullptr, next);
     }
   });
-  for (int64_t n = blocks * NT; n < N; ++n) block_rows<1>(w + n * K, K, x, ldx, M, y + n, N, b ? b + n : nullptr);
+  for (int64_t n = blocks * NT; n < N; ++n)
+    block_rows<MT, 1>(w + n * K, K, x, ldx, M, y + n, N, b ? b + n : nullptr, nullptr);
 }
 
 }  // namespace
@@ -104,9 +124,9 @@ torch::Tensor f32_gemv(const torch::Tensor& x, const torch::Tensor& weight, cons
   const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   if (M == 1)
-    product<kColsOneRow>(xp, xc.stride(0), M, w, N, K, b, yp);
+    product<1, kColsOneRow, false>(xp, xc.stride(0), M, w, N, K, b, yp);
   else
-    product<kCols>(xp, xc.stride(0), M, w, N, K, b, yp);
+    product<kRowTile, kCols, true>(xp, xc.stride(0), M, w, N, K, b, yp);
   return y;
 }
 

@@ -15,8 +15,8 @@ from tests.unit.model.fused_mlp import FusedMlp
 CPU = torch.device("cpu")
 NO_GEMV = unsupported(CPU)
 pytestmark = pytest.mark.skipif(NO_GEMV is not None, reason=f"float32 GEMV: {NO_GEMV}")
-# (out, in): blocks of 4 and 8 outputs and none left, 37 outputs (a 1- and a 5-output tail) over a K with a 6-column
-# tail, fewer columns than one vector, the 125M model's qkv and proj, a vocabulary-sized head
+# (out, in): blocks of 8 outputs (one row) and of 3 with a 2-output tail, 37 outputs (a 1- and a 5-output tail) over a
+# K with a 6-column tail, fewer columns than one vector, the 125M model's qkv and proj, a vocabulary-sized head
 SHAPES = [(128, 32), (37, 70), (5, 3), (1280, 768), (768, 3072), (1000, 96)]
 
 
@@ -32,11 +32,12 @@ def _float32_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x.abs().double() @ w.abs().double().T) * (w.shape[1] * 2.0 ** -23) + 1e-30
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, MAX_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("n, k", SHAPES)
 def test_products_within_float32_summation_error_of_the_exact_ones(n, k, bias, rows):
-    """rows: one row (8-output blocks), a pass of the 3-row tile and each remainder, the most it takes."""
+    """rows: one row (8-output blocks), fewer rows than one pass, a pass of the 4-row tile and each remainder after
+    one, the most it takes (four passes)."""
     w, b, x = _operands(n, k, bias, seed=n + k, rows=rows)
     got = f32_gemv(x, w, b)
     exact = x.double() @ w.double().T + (0 if b is None else b.double())
@@ -54,7 +55,7 @@ def test_as_onednn_up_to_summation_order(n, k):
 
 def test_each_rows_result_is_the_same_whatever_rows_are_beside_it():
     """A sequence's logits must not depend on the batch it decodes in: one row alone (8-output blocks) and the same
-    row at every place among 16 (4-output blocks, passes of 3 rows and remainders) give the same bits."""
+    row at every place among 16 (3-output blocks, passes of 4 rows and remainders) give the same bits."""
     w, b, x = _operands(37, 70, True, seed=5, rows=MAX_ROWS)
     alone = torch.cat([f32_gemv(x[i:i + 1], w, b) for i in range(MAX_ROWS)])
     for rows in range(1, MAX_ROWS + 1):
