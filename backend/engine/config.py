@@ -51,8 +51,10 @@ class EngineConfig:
     # where it runs, else python).
     decode_layers: str = "auto"
     # The float linears' dtype (backend/model/prepacked_linear.py, resolve_linear_dtype): "checkpoint", "bfloat16"
-    # (bf16 on oneDNN and a bf16 KV cache, the rest float32; CPUs with native bf16), "auto" (bfloat16 for an
-    # unquantized single-process bfloat16 checkpoint where the CPU has native bf16, else checkpoint).
+    # (bf16 on oneDNN and a bf16 KV cache, the rest float32; CPUs with native bf16), "float32" (a bf16 / fp16
+    # checkpoint's weights widened, exactly: a float32 model), "auto" (for an unquantized single-process checkpoint:
+    # bfloat16 for a bf16 one where the CPU has native bf16, float32 for a bf16 or fp16 one on a CPU without it,
+    # each where the KV cache keeps its capacity; else checkpoint).
     linear_dtype: str = "auto"
     # Decode steps replayed as CUDA graphs (backend/model/cuda_graphs.py; the anchor's cuda_graph_mode): "on" (CUDA,
     # one process), "off", "auto" (on where it runs: CUDA and an unsharded checkpoint).

@@ -26,7 +26,7 @@ from backend.model.config import ModelConfig, kv_window, load_model_config, posi
 from backend.model.features import DecoderFeatures
 from backend.model.host_memory import retain_freed_memory
 from backend.model.kernels.gemv import gemv_dtype, resolve_decode_gemv
-from backend.model.loader import load_model, widened_bytes
+from backend.model.loader import float32_growth, load_model, widened_bytes
 from backend.model.parallel.driver import ParallelModelRunner
 from backend.model.prepacked_linear import gemv_copy_bytes, resolve_linear_dtype, resolve_linear_kernel
 from backend.model.runner import ModelRunner
@@ -47,22 +47,27 @@ def _not_plain(cfg: ModelConfig) -> str | None:
 
 def _linear_dtype(ckpt_dir: Path, cfg: ModelConfig, config: EngineConfig, device: torch.device) -> torch.dtype | None:
     """EngineConfig.linear_dtype resolved for this checkpoint (None: the linears run in the checkpoint's dtype).
-    "auto" takes bf16 linears beside float32 activations only where the KV cache keeps the capacity the checkpoint's
-    dtype would give it: its rows stay bf16, but the embedding and the norms widen to float32."""
-    if config.linear_dtype == "checkpoint" or config.linear_kernel == "torch":
+    "auto" takes bf16 linears beside float32 activations, or a widened float32 model, only where the KV cache keeps
+    the capacity the checkpoint's dtype would give it: beside bf16 linears its rows stay bf16, but the embedding and
+    the norms widen to float32; in a float32 model every tensor and K/V row widens."""
+    if config.linear_dtype == "checkpoint" or (config.linear_kernel == "torch" and config.linear_dtype != "float32"):
         return None  # EngineConfig refuses an explicit "bfloat16" beside linear_kernel "torch"
     dtype = resolve_linear_dtype(config.linear_dtype, device, torch_dtype(cfg), _not_plain(cfg))
     if dtype is None or config.linear_dtype != "auto":
         return dtype
     free = free_memory_bytes(device) - (Path(ckpt_dir) / "rank0.safetensors").stat().st_size
+    if dtype == torch.float32:
+        wide_cfg, grown, what = dataclasses.replace(cfg, dtype="float32"), float32_growth(ckpt_dir), "model"
+    else:
+        wide_cfg, grown, what = cfg, widened_bytes(cfg, ckpt_dir), "embedding and norms"
     try:
         own = plan_kv_cache(cfg, config, free).tokens
-        wide = plan_kv_cache(cfg, config, free - widened_bytes(cfg, ckpt_dir)).tokens
+        wide = plan_kv_cache(wide_cfg, config, free - grown).tokens
     except ValueError:  # not even one sequence fits one way: keep the checkpoint's dtype (its own refusal follows)
         return None
     if wide < own:
-        log.info("linear_dtype 'auto' keeps %s linears: the float32 embedding and norms would leave the KV cache %d "
-                 "tokens, not %d", cfg.dtype, wide, own)
+        log.info("linear_dtype 'auto' keeps %s linears: a float32 %s would leave the KV cache %d tokens, not %d",
+                 cfg.dtype, what, wide, own)
         return None
     return dtype
 
@@ -108,6 +113,9 @@ class LLMEngine:
         kv_cfg = (cfg if linear_dtype is None
                   else dataclasses.replace(cfg, dtype=str(linear_dtype).removeprefix("torch.")))
         if linear_dtype is not None:  # bf16 linears beside float32 activations: the rest of the model in float32
+            log.info("linear_dtype %r: the %s checkpoint runs %s", config.linear_dtype, cfg.dtype,
+                     "in float32, its weights widened (exact)" if linear_dtype == torch.float32
+                     else "bf16 linears beside float32 activations")
             cfg = dataclasses.replace(cfg, dtype="float32")
         self.model_config = cfg
         limit = position_limit(cfg)
@@ -115,6 +123,8 @@ class LLMEngine:
             raise ValueError(f"max_seq_len ({config.max_seq_len}) exceeds the model's max_position_embeddings ({limit})")
         # A sharded checkpoint runs on one process per rank (backend/model/parallel/): no whole model in this one.
         model = None if cfg.mapping.world_size > 1 else load_model(ckpt_dir, self.device, linear_dtype)
+        if linear_dtype == torch.float32:  # a float32 model from here on: its linears in its own dtype
+            linear_dtype = None
         free = free_memory_bytes(self.device)
         copy = _gemv_copy_bytes(model, kv_cfg, config, linear_dtype, self.device, free)  # None: no GEMV
         self.kv_plan = plan_kv_cache(kv_cfg, config, free - (copy or 0))

@@ -23,7 +23,8 @@ _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}  # safetensors dtype names of float 
 
 def load_model(ckpt_dir: Path, device: torch.device, linear_dtype: torch.dtype | None = None) -> CausalLM:
     """The checkpoint's model; with `linear_dtype` (a float checkpoint only), a float32 model whose plain linears'
-    weights are held in linear_dtype, never widened (they are prepacked in it next: prepacked_linear.py)."""
+    weights are held in linear_dtype (bf16: never widened, they are prepacked in it next: prepacked_linear.py;
+    float32: the whole model widened)."""
     ckpt_dir = Path(ckpt_dir)
     cfg = load_model_config(ckpt_dir)
     if linear_dtype is not None:
@@ -83,4 +84,15 @@ def widened_bytes(cfg: ModelConfig, ckpt_dir: Path) -> int:
             if name not in linears:
                 t = f.get_slice(name)
                 grown += math.prod(t.get_shape()) * max(0, 4 - _ITEMSIZE.get(t.get_dtype(), 4))
+    return grown
+
+
+def float32_growth(ckpt_dir: Path) -> int:
+    """Bytes a float checkpoint's tensors grow by when every one is widened to float32 (load_model's linear_dtype
+    torch.float32), read from the file's header."""
+    grown = 0
+    with safe_open(str(Path(ckpt_dir) / "rank0.safetensors"), framework="pt") as f:
+        for name in f.keys():
+            t = f.get_slice(name)
+            grown += math.prod(t.get_shape()) * max(0, 4 - _ITEMSIZE.get(t.get_dtype(), 4))
     return grown

@@ -67,24 +67,37 @@ def bf16_linears_unavailable(device: torch.device | str) -> str | None:
 
 def resolve_linear_dtype(choice: str, device: torch.device | str, checkpoint_dtype: torch.dtype,
                          not_plain: str | None = None) -> torch.dtype | None:
-    """The dtype the linears compute in beside float32 activations (torch.bfloat16), or None: everything in the
-    checkpoint's dtype. `not_plain`: why the checkpoint's linears are not plain float ones in this process (quantized,
-    sharded), None where they are. An explicit "bfloat16" that cannot run raises ValueError naming why.
+    """The dtype the linears compute in beside float32 activations (torch.bfloat16, or torch.float32: the whole
+    model widened), or None: everything in the checkpoint's dtype. `not_plain`: why the checkpoint's linears are not
+    plain float ones in this process (quantized, sharded), None where they are. An explicit choice that cannot run
+    raises ValueError naming why.
 
-    Why: on a CPU with native bf16 (AVX-512 BF16), oneDNN's bf16 linears take ~0.55x the time of its float32 ones
-    at 1-512 rows (half the weight bytes, twice the FMA width; perf/ISSUE16.md), while bf16 norms, rotary and
+    Why bf16: on a CPU with native bf16 (AVX-512 BF16), oneDNN's bf16 linears take ~0.55x the time of its float32
+    ones at 1-512 rows (half the weight bytes, twice the FMA width; perf/ISSUE16.md), while bf16 norms, rotary and
     residual adds are slower than float32 ones there. For a bfloat16 checkpoint the weights are exact either way;
-    inputs are rounded to bf16 before each linear and its output after it, as in the checkpoint's own dtype."""
+    inputs are rounded to bf16 before each linear and its output after it, as in the checkpoint's own dtype.
+    Why float32: on a CPU without native bf16 (AVX2 + FMA), every bf16 or fp16 operator widens and rounds in
+    software, and float32 is the fast dtype (the 125M model's batch-16 decode step ~4x faster, perf/ISSUE16.md);
+    the widened weights are the checkpoint's exact values."""
     if choice not in LINEAR_DTYPES:
         raise ValueError(f"linear_dtype must be one of {LINEAR_DTYPES}, got {choice!r}")
     if choice == "checkpoint":
         return None
+    if choice == "float32":
+        if not_plain is not None:
+            raise ValueError(f"linear_dtype 'float32' is unavailable: {not_plain}")
+        return None if checkpoint_dtype == torch.float32 else torch.float32
     reason = bf16_linears_unavailable(device) or not_plain
     if choice == "bfloat16":
         if reason is not None:
             raise ValueError(f"linear_dtype 'bfloat16' is unavailable: {reason}")
         return torch.bfloat16
-    return torch.bfloat16 if reason is None and checkpoint_dtype == torch.bfloat16 else None
+    if reason is None and checkpoint_dtype == torch.bfloat16:
+        return torch.bfloat16
+    software_bf16 = torch.device(device).type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if software_bf16 and not_plain is None and checkpoint_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return None
 
 
 def resolve_linear_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str:
