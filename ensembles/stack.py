@@ -58,7 +58,8 @@ def front_command(front: FrontOptions, triton: ServerOptions) -> list[str]:
 
 class FrontProcess:
     """The front as a child process (its own session: a terminal's Ctrl-C reaches only the launcher, which stops
-    the front after tritonserver has drained). It answers 503 for Triton's routes while Triton is down."""
+    the front once tritonserver has drained, before stopping it). It answers 503 for Triton's routes while Triton
+    is down."""
 
     def __init__(self, front: FrontOptions, triton: ServerOptions, log: Path | None = None) -> None:
         self.opts, self.triton, self.log = front, triton, log

@@ -7,11 +7,12 @@
   `restart_window_s`, or a server that never became ready: exit EXIT_FAILED for the service manager to act on.
 - SIGTERM / SIGINT: stop admitting (the models refuse new requests with UNAVAILABLE, readiness turns false), let
   in-flight requests finish for up to `shutdown_grace_s`, fail the rest with UNAVAILABLE ("the grace period ended"),
-  then stop tritonserver (SIGINT, then SIGKILL of its process group after `stop_timeout_s`) and exit 0 with no
-  model process left. A second signal skips the rest of the grace period.
+  then stop the front and tritonserver (each SIGKILLed after `stop_timeout_s`; SIGINT first for tritonserver) and
+  exit 0 with no model process left. A second signal skips the rest of the grace period.
 - The front (frontend/, the public HTTP port and the OpenAI API) runs beside tritonserver as a second child: it
   answers 503 for Triton's routes while tritonserver restarts; a front that exits is a fault like a dead model
-  process (both are restarted); it is stopped after tritonserver, once in-flight requests have drained.
+  process (both are restarted); on SIGTERM it is stopped before tritonserver, once in-flight requests have drained
+  (its keep-alive connections to Triton's HTTP port would hold Triton's stop for its whole exit timeout).
 The launcher and the models talk through backend/serving/lifecycle.py's control folder.
 """
 from __future__ import annotations
@@ -230,6 +231,10 @@ class Supervisor:
             _say(f"{left} requests still in flight after the grace period: failing them")
             self._abort_inflight(f"the server shut down ({why}): the {grace:g} s shutdown grace period ended "
                                  "before this request finished")
+        # The front next, nothing being in flight: its keep-alive connections to Triton's HTTP port would hold
+        # Triton's own stop ("Found 1 HTTP service connections") until stop_timeout_s kills it.
+        if self.front is not None:
+            self.front.stop(self.sup.stop_timeout_s)
         self._stop_triton()
         self._set("stopped", why)
         return EXIT_OK
