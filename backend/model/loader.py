@@ -77,22 +77,21 @@ def widened_bytes(cfg: ModelConfig, ckpt_dir: Path) -> int:
     is loaded."""
     with torch.device("meta"):
         model = CausalLM(cfg)
-    linears = _plain_linear_weights(model)
-    grown = 0
-    with safe_open(str(Path(ckpt_dir) / "rank0.safetensors"), framework="pt") as f:
-        for name in f.keys():
-            if name not in linears:
-                t = f.get_slice(name)
-                grown += math.prod(t.get_shape()) * max(0, 4 - _ITEMSIZE.get(t.get_dtype(), 4))
-    return grown
+    return _growth(ckpt_dir, _plain_linear_weights(model))
 
 
 def float32_growth(ckpt_dir: Path) -> int:
     """Bytes a float checkpoint's tensors grow by when every one is widened to float32 (load_model's linear_dtype
     torch.float32), read from the file's header."""
+    return _growth(ckpt_dir, set())
+
+
+def _growth(ckpt_dir: Path, kept: set[str]) -> int:
+    """Bytes the file's float tensors grow by when widened to float32, but for those named in `kept`."""
     grown = 0
     with safe_open(str(Path(ckpt_dir) / "rank0.safetensors"), framework="pt") as f:
         for name in f.keys():
-            t = f.get_slice(name)
-            grown += math.prod(t.get_shape()) * max(0, 4 - _ITEMSIZE.get(t.get_dtype(), 4))
+            if name not in kept:
+                t = f.get_slice(name)
+                grown += math.prod(t.get_shape()) * max(0, 4 - _ITEMSIZE.get(t.get_dtype(), 4))
     return grown
