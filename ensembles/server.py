@@ -131,6 +131,10 @@ def server_command(install: TritonInstall, opts: ServerOptions) -> list[str]:
         "--allow-gpu-metrics=false",
         f"--log-verbose={opts.log_verbose}",
         "--exit-timeout-secs=30",
+        # Every config.pbtxt is rendered whole. Auto-completion would start one more Python stub per model, only to
+        # ask a model.py that defines no auto_complete_config: each imports torch and transformers, ~10 s of a
+        # server's start on 2 cores. NVIDIA's tensorrtllm_backend launches with the same flag.
+        "--disable-auto-complete-config",
     ]
     if install.backend_dir is not None:
         cmd.append(f"--backend-directory={install.backend_dir}")

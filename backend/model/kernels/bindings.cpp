@@ -3,6 +3,8 @@
 // the model process's other Python threads (the served engine's response sends) must run meanwhile.
 #include "kernels.h"
 
+#include <torch/extension.h>
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (float32, CPU)",

@@ -8,6 +8,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 from backend.errors import InvalidRequestError
 from backend.serving.cancel_watch import CancelPolls
 from backend.serving.parameters import ModelParameters, PostprocessingConfig
+from backend.serving.pb_release import release_at_finalize
 from backend.serving.postprocess import Postprocessor
 from backend.serving.stop_request import stop_inputs, stop_version
 from backend.serving.stream_acks import AckWriter
@@ -38,6 +39,9 @@ class TritonPythonModel:
         # Where `stop` goes: the LLM model (the version named by SERVED_VERSION in a canary repository).
         self.stop_model = config.stop_model
         self.acks = AckWriter()
+
+    def finalize(self):
+        release_at_finalize(self)  # and the process's exit skips collecting torch's and transformers' objects
 
     def execute(self, requests):
         return [self._handle(request, _inputs(request)) for request in requests]

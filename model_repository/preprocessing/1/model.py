@@ -7,6 +7,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 
 from backend.errors import InvalidRequestError
 from backend.serving.parameters import ModelParameters, PreprocessingConfig
+from backend.serving.pb_release import release_at_finalize
 from backend.serving.preprocess import Preprocessor
 
 # Optional inputs this engine does not implement (refused, naming the ensemble input, rather than ignored).
@@ -25,6 +26,9 @@ class TritonPythonModel:
         config = PreprocessingConfig.from_parameters(params)
         self.pre = Preprocessor(config.tokenizer_dir, add_special_tokens=config.add_special_tokens,
                                 max_prompt_bytes=config.max_prompt_bytes)
+
+    def finalize(self):
+        release_at_finalize(self)  # and the process's exit skips collecting torch's and transformers' objects
 
     def execute(self, requests):
         responses = []

@@ -114,7 +114,7 @@ def test_the_kernels_compile_as_cpp17():
     """torch builds extensions with -std=c++17 before 2.13 (pyproject allows torch>=2.5) and -std=c++20 from it,
     so CI's own build would not see a C++20-only call: causal_prefill.cpp's make_unique_for_overwrite failed to
     build on a lent GPU machine's torch 2.11 (perf/CUDA.md). Each source is parsed as C++17 against this torch's
-    headers, two compilers at a time (~20 s each)."""
+    headers, two compilers at a time (~15 s each; bindings.cpp, which alone includes torch/extension.h, ~33 s)."""
     import sysconfig
 
     from torch.utils import cpp_extension

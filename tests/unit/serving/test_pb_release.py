@@ -97,5 +97,7 @@ def test_release_at_finalize_frees_what_cycles_held():
     try:
         release_at_finalize(model)
         assert ref() is None and vars(model) == {}
+        assert gc.get_freeze_count() > 0  # what is left, frozen: the process's exit does not collect it again
     finally:
+        gc.unfreeze()  # this is pytest's process, which goes on
         gc.enable()
