@@ -76,7 +76,8 @@ def _gemv_copy_bytes(model: torch.nn.Module | None, kv_cfg: ModelConfig, config:
                      linear_dtype: torch.dtype | None, device: torch.device, free: int) -> int | None:
     """The bytes of the GEMV's weight copies where EngineConfig.decode_gemv resolves to on for this model,
     None where it is off. "auto" takes the GEMV only where the KV cache, planned with the copies in memory, holds
-    what it would hold without them (the copies double the linears' weight bytes)."""
+    what it would hold without them (the copies take the linears' weight bytes again, half of them where bf16 holds
+    a float32 linear's weights exactly: kernels/gemv.py's copy_bytes)."""
     if model is None:
         return None
     model_dtype = torch_dtype(model.config)

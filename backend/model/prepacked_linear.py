@@ -119,8 +119,9 @@ class PrepackedLinear(nn.Module):
     """y = x W^T (+ b) with W held in oneDNN's layout (an opaque mkldnn tensor, not a parameter), in `dtype` (None:
     the weight's): x is rounded to it before the product and y widened back to x's dtype after it (bf16 linears
     beside float32 activations; decode_layers.cpp's packed_linear does the same). With `gemv` (float32 or bf16
-    linears), a second copy of W for the GEMV (kernels/gemv.py: bf16 interleaved, float32 as it is) computes products
-    of 1 to GEMV_MAX_ROWS float32 rows: the same result up to float32 summation order."""
+    linears), a second copy of W for the GEMV (kernels/gemv.py: bf16 interleaved, float32 as it is or in bf16 where
+    that is exact) computes products of 1 to GEMV_MAX_ROWS float32 rows: the same result up to float32 summation
+    order."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None,
                  gemv: bool = False) -> None:
@@ -142,7 +143,7 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv is not None and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32:
-            return gemv_product(x, self.gemv, self.bias)
+            return gemv_product(x, self.gemv, self.bias, self.dtype)
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
@@ -176,5 +177,6 @@ def prepack_linears(model: nn.Module, dtype: torch.dtype | None = None, gemv: bo
 
 def gemv_copy_bytes(model: nn.Module, dtype: torch.dtype | None = None) -> int:
     """Bytes of the GEMV's copies prepack_linears(model, dtype, gemv=True) would add beside oneDNN's packed weights
-    (bf16: interleaved, columns padded to pairs; float32: the weights as they are)."""
+    (bf16: interleaved, columns padded to pairs; float32: the weights as they are, 2 bytes each where bf16 holds them
+    exactly)."""
     return sum(copy_bytes(w, dtype or w.dtype) for _, _, w, _ in _prepackable(model))

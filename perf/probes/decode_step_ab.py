@@ -59,6 +59,25 @@ class Switch:
             self.layers.kernels = self.kernels[now]
 
 
+def paired_steps(engine: LLMEngine, batch: list, rounds: int, use) -> dict[bool, list[float]]:
+    """`rounds` generations of 128 tokens for every prompt of `batch`, the decode steps alternating use(True) and
+    use(False) (the first of each round alternating too): each side's step times (s), the prefills left out."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(rounds):
+        for i, p in enumerate(batch):
+            engine.add_request(Request(f"r{r}-{i}", tuple(p), SamplingParams(max_tokens=128)))
+        engine.step()  # the prefill, not timed
+        k = 0
+        while engine.has_work():
+            side = (k + r) % 2 == 0
+            use(side)
+            start = time.perf_counter()
+            engine.step()
+            times[side].append(time.perf_counter() - start)
+            k += 1
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hf", type=Path, help="an HF checkpoint (default: the demo model)")
@@ -73,19 +92,7 @@ def main() -> None:
     engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=16, device="cpu", enable_kv_cache_reuse=False))
     switch = Switch(engine, build_at(args.base), args.kernels_only)
     batch = prompts(AutoTokenizer.from_pretrained(str(hf)), args.batch, 128)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for r in range(args.rounds):
-        for i, p in enumerate(batch):
-            engine.add_request(Request(f"r{r}-{i}", tuple(p), SamplingParams(max_tokens=128)))
-        engine.step()  # the prefill, not timed
-        k = 0
-        while engine.has_work():
-            now = (k + r) % 2 == 0
-            switch.use(now)
-            start = time.perf_counter()
-            engine.step()
-            times[now].append(time.perf_counter() - start)
-            k += 1
+    times = paired_steps(engine, batch, args.rounds, switch.use)
     switch.use(True)
     base, now = (statistics.median(times[x]) * 1e3 for x in (False, True))
     print(f"{hf.name if args.hf else 'demo'} {args.dtype} batch {args.batch}: {len(times[True])} decode steps each; "

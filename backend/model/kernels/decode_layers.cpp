@@ -17,7 +17,7 @@
 namespace {
 
 // Per layer, `weights` holds kPerLayer tensors in this order; an empty tensor stands for an absent one. The *Gemv
-// slots: the linear's weight interleaved for the GEMV (bf16_gemv.cpp), where PrepackedLinear holds one.
+// slots: the GEMV's copy of the linear's weight (kernels/gemv.py), where PrepackedLinear holds one.
 enum Slot : int64_t {
   kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kDense, kPostNorm, kPreMlpNorm, kPostMlpNorm, kFc, kProj,
   kQkvGemv, kDenseGemv, kFcGemv, kProjGemv, kPerLayer
@@ -27,12 +27,13 @@ bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 
 // x (T, in) @ a oneDNN-packed weight (+ bias): prepacked_linear.PrepackedLinear.forward's call, which rounds x to
 // the packed weight's dtype (bf16 linears beside float32 activations) and widens the product back; up to
-// kGemvMaxRows rows on the GEMV's copy where there is one (bf16: interleaved; float32: row-major), as
-// PrepackedLinear.forward does.
+// kGemvMaxRows rows on the GEMV's copy where there is one, as PrepackedLinear.forward does: the packed weight's
+// dtype is the linear's, which picks the kernel (bf16 linears: bf16_gemv.cpp over an interleaved copy; float32
+// ones: f32_gemv.cpp over a row-major float32 or bf16 one).
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
                             const torch::Tensor& gemv) {
   if (x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && present(gemv))
-    return gemv.scalar_type() == at::kFloat ? f32_gemv(x, gemv, bias) : bf16_gemv(x, gemv, bias);
+    return packed.scalar_type() == at::kFloat ? f32_gemv(x, gemv, bias) : bf16_gemv(x, gemv, bias);
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const bool cast = packed.scalar_type() != x.scalar_type();
   torch::jit::Stack stack{cast ? x.to(packed.scalar_type()) : x, packed,

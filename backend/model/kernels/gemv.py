@@ -1,7 +1,8 @@
 """The GEMV: products of 1 to MAX_ROWS rows (decode steps of up to 16 sequences) of a oneDNN-prepacked linear beside
 float32 activations, on a kernel reading its own copy of the weights once: bf16 linears on bf16_gemv.cpp (AVX-512
-BF16, an interleaved copy), float32 linears on f32_gemv.cpp (AVX2 + FMA, the plain weight). oneDNN's packed copy
-serves every product of more rows. Where it applies, the copy it reads, and the call.
+BF16, an interleaved copy), float32 linears on f32_gemv.cpp (AVX2 + FMA, the plain weight, held in bf16 where that
+is exact: a bf16 checkpoint widened to float32 on a CPU without native bf16). oneDNN's packed copy serves every
+product of more rows. Where it applies, the copy it reads, and the call.
 """
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ def resolve_decode_gemv(choice: str, device: torch.device | str, dtype: torch.dt
 
 
 def gemv_copy(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The GEMV's copy of weight (N, K) for linears of `dtype`: bf16_gemv.py's interleaved layout, or the float32
-    weight itself (row-major, contiguous)."""
+    """The GEMV's copy of weight (N, K) for linears of `dtype`: bf16_gemv.py's interleaved layout, or for float32
+    linears the weight itself (row-major, contiguous), in bf16 where that holds it exactly (f32_gemv.bf16_exact)."""
     if dtype == torch.bfloat16:
         return bf16_gemv.interleave(weight)
     if dtype == torch.float32:
-        return weight.detach().to(torch.float32).contiguous()
+        narrow = torch.bfloat16 if f32_gemv.bf16_exact(weight) else torch.float32
+        return weight.detach().to(narrow).contiguous()
     raise ValueError(f"the GEMV serves bfloat16 and float32 linears, not {dtype} ones")
 
 
@@ -63,11 +65,12 @@ def copy_bytes(weight: torch.Tensor, dtype: torch.dtype) -> int:
     n, k = weight.shape
     if dtype == torch.bfloat16:
         return n * bf16_gemv.interleaved_width(k) * 2
-    return n * k * 4
+    return n * k * (2 if f32_gemv.bf16_exact(weight) else 4)
 
 
-def gemv(x: torch.Tensor, copy: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (M, K) float32, 1 <= M <= MAX_ROWS -> (M, N) float32 on the kernel of the copy's dtype."""
-    if copy.dtype == torch.float32:
+def gemv(x: torch.Tensor, copy: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """x (M, K) float32, 1 <= M <= MAX_ROWS -> (M, N) float32 on the kernel of the linears' `dtype` (the copy's
+    dtype alone does not say: a float32 linear's copy may be bf16)."""
+    if dtype == torch.float32:
         return f32_gemv.f32_gemv(x, copy, bias)
     return bf16_gemv.bf16_gemv(x, copy, bias)

@@ -83,10 +83,20 @@ def test_the_widened_model_is_the_float32_model_of_the_same_values(checkpoints, 
     assert torch.equal(window_logits(widened, ids), window_logits(load_model(wide, CPU), ids))
 
 
+def _float32_gemv_copies(engine: LLMEngine) -> None:
+    """The engine's GEMV copies held in float32, not bf16 (the same values; the compiled layers' list too)."""
+    for m in engine.runner.model.modules():
+        if isinstance(m, PrepackedLinear) and m.gemv is not None:
+            m.gemv = m.gemv.float()
+    layers = engine.runner.native_layers
+    layers.weights = [t for layer in engine.runner.model.transformer.layers for t in layers._layer_tensors(layer)]
+
+
 @pytest.mark.parametrize("choice", ["float32", "auto"])
 def test_the_engine_generates_the_float32_engines_tokens(checkpoints, choice, software_bf16):
     """Both prompts decode together (products of two rows), then the longer alone (one row); the GEMV and the
-    compiled decode layers run as for any float32 checkpoint."""
+    compiled decode layers run as for any float32 checkpoint, the GEMV reading bf16 copies of the weights (exact):
+    the float32 checkpoint of the same values on float32 copies gives the same tokens."""
     bf16, wide = checkpoints("llama3")
     assert load_model_config(bf16).dtype == "bfloat16"
     engines = [LLMEngine(bf16, EngineConfig(**LIMITS, linear_dtype=choice)), LLMEngine(wide, EngineConfig(**LIMITS))]
@@ -95,6 +105,10 @@ def test_the_engine_generates_the_float32_engines_tokens(checkpoints, choice, so
     assert {p.dtype for pools in ours.runner.kv.layers for p in pools} == {torch.float32}
     assert {m.dtype for m in ours.runner.model.modules() if isinstance(m, PrepackedLinear)} == {torch.float32}
     assert ours.runner.decode_gemv == engines[1].runner.decode_gemv
+    if ours.runner.decode_gemv:
+        copies = {m.gemv.dtype for m in ours.runner.model.modules() if isinstance(m, PrepackedLinear)}
+        assert copies == {torch.bfloat16}
+        _float32_gemv_copies(engines[1])
     prompts, lengths = random_prompts([40, 12], 8192, seed=7), (16, 6)
     got = [engine.generate([Request(f"r{i}", p, SamplingParams(max_tokens=n))
                             for i, (p, n) in enumerate(zip(prompts, lengths))]) for engine in engines]

@@ -12,7 +12,7 @@ from backend.engine.config import EngineConfig
 from backend.model.kernels.gemv import unsupported as gemv_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
 from backend.model.loader import load_model
-from backend.model.prepacked_linear import bf16_linears_unavailable
+from backend.model.prepacked_linear import PrepackedLinear, bf16_linears_unavailable
 from backend.model.runner import ModelRunner, model_step_tensors
 from backend.model.step_inputs import StepInputs
 
@@ -34,8 +34,16 @@ def _decode_step(lengths: list[int], ctx_start: list[int], seed: int) -> StepInp
                          ctx_start=torch.tensor(ctx_start))
 
 
-def _runner(family_checkpoint, name: str, decode_layers: str = "native", **kernels) -> ModelRunner:
+def _runner(family_checkpoint, name: str, decode_layers: str = "native", bf16_values: bool = False,
+            **kernels) -> ModelRunner:
+    """bf16_values: every weight rounded to bf16 first (a bf16 checkpoint run as a float32 model)."""
     model = load_model(family_checkpoint(name)[1], CPU)
+    if bf16_values:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+            for mlp in (m for m in model.modules() if isinstance(getattr(m, "fc_gate", None), torch.Tensor)):
+                mlp.fc_gate = mlp.fc_gate.to(torch.bfloat16).float()
     kernels = {"linear_kernel": "onednn", "attention_kernel": "paged", **kernels}
     return ModelRunner(model, BLOCKS, BLOCK, CPU, decode_layers=decode_layers, **kernels)
 
@@ -119,3 +127,28 @@ def test_decode_steps_on_the_gemv_bit_for_bit(family_checkpoint, name, lengths, 
     assert all(t.numel() > 0 for t in runner.native_layers.weights[11::15])  # the qkv GEMV copy of every layer
     step = _decode_step(lengths, ctx_start=ctx_start, seed=len(name))
     _assert_layers_equal(runner, step, own_dtype=True)  # the runner's pools: bf16 beside bf16 linears
+
+
+@pytest.mark.skipif(gemv_unsupported(CPU, torch.float32) is not None,
+                    reason=f"float32 GEMV: {gemv_unsupported(CPU, torch.float32)}")
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "gemma2"])
+def test_bf16_held_copies_give_the_float32_copies_bits(family_checkpoint, name):
+    """A float32 model of bf16 values (a bf16 checkpoint widened): the GEMV's copies are bf16, the compiled layers
+    equal the Python ones, and both equal the same step on float32 copies of the same values."""
+    runner = _runner(family_checkpoint, name, bf16_values=True, decode_gemv="on")
+    copies = runner.native_layers.weights[11::15]  # the qkv GEMV copy of every layer
+    assert copies and {t.dtype for t in copies} == {torch.bfloat16}
+    step = _decode_step([37, 1, 60, 24, 9], ctx_start=[0, 0, 16, 8, 0], seed=len(name))
+    _assert_layers_equal(runner, step)
+    input_ids, meta, _ = model_step_tensors(runner.model, step, CPU, paged_decode=True)
+    pools = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in runner.kv.layers]
+    with torch.inference_mode():
+        x = runner.model.embed(input_ids)
+        held = runner.native_layers(x, meta, [(k.clone(), v.clone()) for k, v in pools])
+        linears = [m for m in runner.model.modules() if isinstance(m, PrepackedLinear) and m.gemv is not None]
+        for m in linears:
+            m.gemv = m.gemv.float()
+        runner.native_layers.weights = [t for layer in runner.model.transformer.layers
+                                        for t in runner.native_layers._layer_tensors(layer)]
+        assert {t.dtype for t in runner.native_layers.weights[11::15]} == {torch.float32}
+        assert torch.equal(runner.native_layers(x, meta, pools), held)

@@ -1,14 +1,15 @@
 """The float32 GEMV (backend/model/kernels/f32_gemv.cpp / .py), 1 to MAX_ROWS rows: its products against the exact
 (float64) ones and against oneDNN's float32 linear (what it stands in for), each row's result independent of the
-rows beside it, rows of x read at their stride, hostile values, PrepackedLinear's choice of it (up to MAX_ROWS
-rows), the bytes its copies take, and what it refuses."""
+rows beside it, rows of x read at their stride, hostile values, weights held in bf16 where that is exact (the same
+bits as their float32 copy), PrepackedLinear's choice of it (up to MAX_ROWS rows), the bytes its copies take, and
+what it refuses."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backend.model.kernels.f32_gemv import f32_gemv, unsupported
-from backend.model.kernels.gemv import MAX_ROWS, gemv_dtype, resolve_decode_gemv
+from backend.model.kernels.f32_gemv import bf16_exact, f32_gemv, unsupported
+from backend.model.kernels.gemv import MAX_ROWS, copy_bytes, gemv_copy, gemv_dtype, resolve_decode_gemv
 from backend.model.prepacked_linear import PrepackedLinear, gemv_copy_bytes, prepack_linears
 from tests.unit.model.fused_mlp import FusedMlp
 
@@ -84,6 +85,44 @@ def test_hostile_values_stay_in_their_row():
     assert torch.equal(f32_gemv(huge, torch.ones(4, 70), None), torch.full((1, 4), float("inf")))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, MAX_ROWS])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_bf16_held_weights_give_the_float32_products_bit_for_bit(n, k, rows):
+    """Weights that bf16 holds exactly (a bf16 checkpoint widened to float32), read from a bf16 copy: each widened
+    as it is read, the same sums in the same order as from the float32 copy (one row with its prefetch, passes of
+    4 rows and their remainders, column tails past a multiple of 8)."""
+    w, b, x = _operands(n, k, True, seed=n + 3 * k, rows=rows)
+    w = w.to(torch.bfloat16).float()
+    assert torch.equal(f32_gemv(x, w.to(torch.bfloat16), b), f32_gemv(x, w, b))
+    assert torch.equal(f32_gemv(x, w.to(torch.bfloat16), None), f32_gemv(x, w, None))
+
+
+def test_bf16_exact_is_every_value_or_none():
+    w = (torch.randn(3000, 700) * 0.05).to(torch.bfloat16)  # 2.1M values: three slices of the check
+    wide = w.float()
+    assert bf16_exact(w) and bf16_exact(wide)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40]).to(torch.bfloat16).float()
+    assert bf16_exact(special)  # signed zeros, infinities, NaN and subnormals of bf16 widen exactly
+    for flat_index in (0, 1_048_575, 1_048_576, wide.numel() - 1):  # each slice's edges, the last value
+        one_off = wide.clone()
+        one_off.view(-1)[flat_index] = torch.tensor(0.1)  # 0.1 needs float32's mantissa
+        assert not bf16_exact(one_off), flat_index
+    assert not bf16_exact(wide.half()) and not bf16_exact(wide.double())  # other dtypes: not this kernel's copy
+    assert gemv_copy(wide, torch.float32).dtype == torch.bfloat16 and copy_bytes(wide, torch.float32) == w.numel() * 2
+    assert gemv_copy(wide + 1e-3, torch.float32).dtype == torch.float32
+    assert copy_bytes(wide + 1e-3, torch.float32) == w.numel() * 4
+
+
+def test_hostile_bf16_held_weights_are_read_as_their_values():
+    """Infinities and NaN among the weights: a bf16 copy widens them to the float32 copy's values."""
+    w, b, x = _operands(37, 70, True, seed=13, rows=4)
+    w = w.to(torch.bfloat16).float()
+    w[2, 5], w[7, 0], w[30, 69] = float("inf"), float("nan"), float("-inf")
+    assert bf16_exact(w)
+    torch.testing.assert_close(f32_gemv(x, w.to(torch.bfloat16), b), f32_gemv(x, w, b), rtol=0, atol=0,
+                               equal_nan=True)
+
+
 def test_prepacked_linear_takes_it_up_to_max_rows(monkeypatch):
     w, b, _ = _operands(160, 96, True, seed=1)
     with_gemv, plain = PrepackedLinear(w, b, gemv=True), PrepackedLinear(w, b)
@@ -107,6 +146,25 @@ def test_the_copies_bytes():
     assert all(t.dtype == torch.float32 and t.is_contiguous() for t in held)
 
 
+def test_a_bf16_checkpoints_widened_linears_keep_bf16_copies():
+    """A bf16 checkpoint run as a float32 model (linear_dtype 'float32'): oneDNN's packed weights are float32, the
+    GEMV's copies bf16 (half the bytes planned and held), and the products those of the float32 copies."""
+    model = FusedMlp(proj_in=40)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    model.fc_gate = model.fc_gate.to(torch.bfloat16).float()  # the fused fc | gate weight: a plain tensor
+    expected = gemv_copy_bytes(model)
+    assert expected == (32 * 8 + 8 * 40) * 2
+    prepack_linears(model, gemv=True)
+    held = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
+    assert sum(m.gemv.numel() * m.gemv.element_size() for m in held) == expected
+    assert {m.gemv.dtype for m in held} == {torch.bfloat16} and {m.dtype for m in held} == {torch.float32}
+    for lin in held:
+        x = torch.randn(5, lin.in_features)
+        assert torch.equal(lin(x), f32_gemv(x, lin.gemv.float(), lin.bias))  # the float32 copy of the same values
+
+
 def test_the_kernel_refuses_what_it_cannot_read():
     w, b, x = _operands(37, 70, True, seed=3)
     for rows in (0, MAX_ROWS + 1):
@@ -118,10 +176,10 @@ def test_the_kernel_refuses_what_it_cannot_read():
         f32_gemv(torch.randn(1, 20), w, b)
     with pytest.raises(RuntimeError, match=r"f32_gemv: bias \(N,\) float32"):
         f32_gemv(x, w, b[:5])
-    with pytest.raises(RuntimeError, match=r"f32_gemv: weight \(N, K\) float32, contiguous"):
+    with pytest.raises(RuntimeError, match=r"f32_gemv: weight \(N, K\) float32 or bfloat16, contiguous"):
         f32_gemv(x, w.T.contiguous().T, b)
-    with pytest.raises(RuntimeError, match=r"f32_gemv: weight \(N, K\) float32"):
-        f32_gemv(x, w.to(torch.bfloat16), b)
+    with pytest.raises(RuntimeError, match=r"f32_gemv: weight \(N, K\) float32 or bfloat16"):
+        f32_gemv(x, w.to(torch.float16), b)
 
 
 def test_where_it_is_chosen():
