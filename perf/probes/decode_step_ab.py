@@ -59,6 +59,12 @@ class Switch:
             self.layers.kernels = self.kernels[now]
 
 
+def engine_and_batch(engine_dir: Path, hf: Path, size: int) -> tuple[LLMEngine, list]:
+    """An engine for up to 16 sequences, prefix caching off, and `size` prompts of 128 tokens (hf's tokenizer)."""
+    engine = LLMEngine(engine_dir, EngineConfig(max_batch_size=16, device="cpu", enable_kv_cache_reuse=False))
+    return engine, prompts(AutoTokenizer.from_pretrained(str(hf)), size, 128)
+
+
 def paired_steps(engine: LLMEngine, batch: list, rounds: int, use) -> dict[bool, list[float]]:
     """`rounds` generations of 128 tokens for every prompt of `batch`, the decode steps alternating use(True) and
     use(False) (the first of each round alternating too): each side's step times (s), the prefills left out."""
@@ -89,9 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     hf = args.hf or artifacts.demo().tokenizer_dir
     model = artifacts.from_hf(hf, args.dtype)
-    engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=16, device="cpu", enable_kv_cache_reuse=False))
+    engine, batch = engine_and_batch(model.engine_dir, hf, args.batch)
     switch = Switch(engine, build_at(args.base), args.kernels_only)
-    batch = prompts(AutoTokenizer.from_pretrained(str(hf)), args.batch, 128)
     times = paired_steps(engine, batch, args.rounds, switch.use)
     switch.use(True)
     base, now = (statistics.median(times[x]) * 1e3 for x in (False, True))

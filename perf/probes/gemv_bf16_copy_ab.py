@@ -19,13 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from decode_step_ab import paired_steps  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from decode_step_ab import engine_and_batch, paired_steps  # noqa: E402
 
-from backend.engine.config import EngineConfig  # noqa: E402
 from backend.engine.llm_engine import LLMEngine  # noqa: E402
 from backend.model.prepacked_linear import PrepackedLinear  # noqa: E402
-from build_engines.throughput import prompts  # noqa: E402
 from ensembles import artifacts  # noqa: E402
 
 
@@ -45,7 +42,7 @@ class Copies:
         for m, copy in zip(self.linears, self.copies[bf16]):
             m.gemv = copy
         if self.native is not None:  # the compiled layers hold their own list of the copies
-            self.native.weights = [t for layer in self.layers for t in self.native._layer_tensors(layer)]
+            self.native.collect_weights(self.layers)
 
 
 def main() -> None:
@@ -55,9 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="generations of 128 tokens per prompt")
     args = parser.parse_args()
     model = artifacts.from_hf(args.hf, "bfloat16")
-    engine = LLMEngine(model.engine_dir, EngineConfig(max_batch_size=16, device="cpu", enable_kv_cache_reuse=False))
+    engine, batch = engine_and_batch(model.engine_dir, args.hf, args.batch)
     copies = Copies(engine)
-    batch = prompts(AutoTokenizer.from_pretrained(str(args.hf)), args.batch, 128)
     times = paired_steps(engine, batch, args.rounds, copies.use)
     engine.close()
     before, now = (statistics.median(times[x]) * 1e3 for x in (False, True))

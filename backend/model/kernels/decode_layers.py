@@ -11,6 +11,8 @@ quantized linears, FP8 KV pools, other dtypes or devices) keeps the Python layer
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from backend.kernel_choices import DECODE_LAYERS
@@ -62,12 +64,17 @@ class NativeDecodeLayers:
         f = model.features
         layers = model.transformer.layers
         self.windows = [layer.attention.window for layer in layers]
-        self.weights = [t for layer in layers for t in self._layer_tensors(layer)]
+        self.collect_weights(layers)
         a = f.attention
         self.dims = [a.n_heads, a.n_kv, a.head_dim, int(f.norm_weight_in_float32), ACTIVATIONS[f.mlp.activation],
                      int(f.mlp.fused), int(f.sandwich_norms)]
         self.scalars = [a.scale, a.softcap or 0.0, layers[0].input_layernorm.eps]
         self.kernels = load()
+
+    def collect_weights(self, layers: Iterable[DecoderLayer]) -> None:
+        """self.weights: every layer's tensors in the compiled call's order. The list holds the tensors themselves,
+        so it is collected again where a linear's GEMV copy is replaced (an A/B of two copies of the same values)."""
+        self.weights = [t for layer in layers for t in self._layer_tensors(layer)]
 
     @staticmethod
     def _layer_tensors(layer: DecoderLayer) -> list[torch.Tensor]:

@@ -23,6 +23,7 @@ from backend.model.prepacked_linear import PrepackedLinear, resolve_linear_dtype
 from backend.model.scoring import window_logits
 from build_engines.convert import convert_hf_to_trtllm
 from tests.conftest import random_prompts
+from tests.unit.model.bf16_values import float32_gemv_copies
 
 CPU = torch.device("cpu")
 LIMITS = dict(max_batch_size=4, max_num_tokens=64, max_input_len=48, max_seq_len=80, tokens_per_block=8, device="cpu")
@@ -83,15 +84,6 @@ def test_the_widened_model_is_the_float32_model_of_the_same_values(checkpoints, 
     assert torch.equal(window_logits(widened, ids), window_logits(load_model(wide, CPU), ids))
 
 
-def _float32_gemv_copies(engine: LLMEngine) -> None:
-    """The engine's GEMV copies held in float32, not bf16 (the same values; the compiled layers' list too)."""
-    for m in engine.runner.model.modules():
-        if isinstance(m, PrepackedLinear) and m.gemv is not None:
-            m.gemv = m.gemv.float()
-    layers = engine.runner.native_layers
-    layers.weights = [t for layer in engine.runner.model.transformer.layers for t in layers._layer_tensors(layer)]
-
-
 @pytest.mark.parametrize("choice", ["float32", "auto"])
 def test_the_engine_generates_the_float32_engines_tokens(checkpoints, choice, software_bf16):
     """Both prompts decode together (products of two rows), then the longer alone (one row); the GEMV and the
@@ -108,7 +100,7 @@ def test_the_engine_generates_the_float32_engines_tokens(checkpoints, choice, so
     if ours.runner.decode_gemv:
         copies = {m.gemv.dtype for m in ours.runner.model.modules() if isinstance(m, PrepackedLinear)}
         assert copies == {torch.bfloat16}
-        _float32_gemv_copies(engines[1])
+        float32_gemv_copies(engines[1].runner.model, engines[1].runner.native_layers)
     prompts, lengths = random_prompts([40, 12], 8192, seed=7), (16, 6)
     got = [engine.generate([Request(f"r{i}", p, SamplingParams(max_tokens=n))
                             for i, (p, n) in enumerate(zip(prompts, lengths))]) for engine in engines]

@@ -12,9 +12,10 @@ from backend.engine.config import EngineConfig
 from backend.model.kernels.gemv import unsupported as gemv_unsupported
 from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
 from backend.model.loader import load_model
-from backend.model.prepacked_linear import PrepackedLinear, bf16_linears_unavailable
+from backend.model.prepacked_linear import bf16_linears_unavailable
 from backend.model.runner import ModelRunner, model_step_tensors
 from backend.model.step_inputs import StepInputs
+from tests.unit.model.bf16_values import float32_gemv_copies, round_to_bf16_values
 
 CPU = torch.device("cpu")
 FAMILIES = ["llama2", "llama3", "mistral", "qwen2", "qwen2_swa", "qwen3", "gemma2", "phi3_4k", "phi3_partial"]
@@ -39,11 +40,7 @@ def _runner(family_checkpoint, name: str, decode_layers: str = "native", bf16_va
     """bf16_values: every weight rounded to bf16 first (a bf16 checkpoint run as a float32 model)."""
     model = load_model(family_checkpoint(name)[1], CPU)
     if bf16_values:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(p.to(torch.bfloat16).float())
-            for mlp in (m for m in model.modules() if isinstance(getattr(m, "fc_gate", None), torch.Tensor)):
-                mlp.fc_gate = mlp.fc_gate.to(torch.bfloat16).float()
+        round_to_bf16_values(model)
     kernels = {"linear_kernel": "onednn", "attention_kernel": "paged", **kernels}
     return ModelRunner(model, BLOCKS, BLOCK, CPU, decode_layers=decode_layers, **kernels)
 
@@ -145,10 +142,6 @@ def test_bf16_held_copies_give_the_float32_copies_bits(family_checkpoint, name):
     with torch.inference_mode():
         x = runner.model.embed(input_ids)
         held = runner.native_layers(x, meta, [(k.clone(), v.clone()) for k, v in pools])
-        linears = [m for m in runner.model.modules() if isinstance(m, PrepackedLinear) and m.gemv is not None]
-        for m in linears:
-            m.gemv = m.gemv.float()
-        runner.native_layers.weights = [t for layer in runner.model.transformer.layers
-                                        for t in runner.native_layers._layer_tensors(layer)]
+        float32_gemv_copies(runner.model, runner.native_layers)
         assert {t.dtype for t in runner.native_layers.weights[11::15]} == {torch.float32}
         assert torch.equal(runner.native_layers(x, meta, pools), held)

@@ -11,6 +11,7 @@ import torch
 from backend.model.kernels.f32_gemv import bf16_exact, f32_gemv, unsupported
 from backend.model.kernels.gemv import MAX_ROWS, copy_bytes, gemv_copy, gemv_dtype, resolve_decode_gemv
 from backend.model.prepacked_linear import PrepackedLinear, gemv_copy_bytes, prepack_linears
+from tests.unit.model.bf16_values import round_to_bf16_values
 from tests.unit.model.fused_mlp import FusedMlp
 
 CPU = torch.device("cpu")
@@ -150,10 +151,7 @@ def test_a_bf16_checkpoints_widened_linears_keep_bf16_copies():
     """A bf16 checkpoint run as a float32 model (linear_dtype 'float32'): oneDNN's packed weights are float32, the
     GEMV's copies bf16 (half the bytes planned and held), and the products those of the float32 copies."""
     model = FusedMlp(proj_in=40)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    model.fc_gate = model.fc_gate.to(torch.bfloat16).float()  # the fused fc | gate weight: a plain tensor
+    round_to_bf16_values(model)
     expected = gemv_copy_bytes(model)
     assert expected == (32 * 8 + 8 * 40) * 2
     prepack_linears(model, gemv=True)
