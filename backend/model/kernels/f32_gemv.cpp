@@ -8,8 +8,8 @@
 // there where a sum on both cores reads 18-23 GB/s; this kernel at 13-16 GB/s, and at 16 rows it takes oneDNN's time
 // or less (perf/ISSUE16.md, "A float32 GEMV for CPUs without AVX-512").
 // Each thread takes a contiguous range of output columns (rows of W), kCols at a time: each block of kCols rows of W
-// is read from memory once, by the first pass of kRowTile rows of x (which also asks for the next block), then from
-// L1 / L2 by the other passes. An
+// is read from memory once, by the first pass of kRowTile rows of x, then from L1 / L2 by the other passes, every
+// pass asking for its share of the next block as it goes. An
 // accumulator holds 8 partial sums of one output (k = i mod 8), summed at the end, then the columns past the last
 // multiple of 8, then the bias: the same order for every row of x, whatever the number of rows.
 // AVX2 + FMA (every x86-64 CPU this project serves has them); elsewhere f32_gemv_available() is false and oneDNN
@@ -61,23 +61,29 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Lines of the next block a pass asks for into L2 (Prefetch::lines of them from Prefetch::first, evenly over the
+// pass's steps of 8 columns), or none. Why: the other passes over this block compute from the caches while the next
+// block's reads are in flight; without it each block's first pass waited on memory and the passes after it left the
+// memory idle. Every pass takes its share: asked for by the first pass alone, the next block's lines came in a burst
+// a quarter of the block's time long at 16 rows, and the memory sat idle for the rest of it.
+struct Prefetch {
+  const char* first = nullptr;
+  int64_t lines = 0;
+};
+
 // out[m * ldo + j] = dot(row j of w, row m of x) + bias[j] for MT rows of x (ldx apart), NT rows of w (K apart),
-// W: float or uint16_t (bf16 bits). next: the next block's NT rows of w (NT * K weights), asked for into L2 as this
-// pass streams its own (the lines of NT * 8 weights a step of 8 columns: all of it by the pass's end), or nullptr.
-// Why: the other passes over this block compute from the caches while the next block's reads are in flight; without
-// it each block's first pass waited on memory and the passes after it left the memory idle.
+// W: float or uint16_t (bf16 bits); asking for the lines of `ahead` as it goes.
 template <int64_t MT, int64_t NT, typename W>
 void block_dots(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, const float* bias,
-                const W* next) {
-  constexpr int64_t kLine = 64 / sizeof(W), kLines = (NT * 8 + kLine - 1) / kLine;  // weights a line, lines a step
+                Prefetch ahead) {
   __m256 acc[MT][NT];
   for (int64_t m = 0; m < MT; ++m)
     for (int64_t j = 0; j < NT; ++j) acc[m][j] = _mm256_setzero_ps();
-  const int64_t K8 = K / 8 * 8;
+  const int64_t K8 = K / 8 * 8, steps = K8 / 8;
+  int64_t owed = 0;  // ahead.lines per step, in steps: a line is asked for each time it reaches a whole step
+  const char* line = ahead.first;
   for (int64_t k = 0; k < K8; k += 8) {
-    if (next != nullptr)
-      for (int64_t line = 0; line < kLines; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(next + k * NT + line * kLine), _MM_HINT_T1);
+    for (owed += ahead.lines; owed >= steps; owed -= steps, line += 64) _mm_prefetch(line, _MM_HINT_T1);
     __m256 wv[NT];
     for (int64_t j = 0; j < NT; ++j) {
       wv[j] = load8(w + j * K + k);
@@ -99,20 +105,26 @@ void block_dots(const W* w, int64_t K, const float* x, int64_t ldx, float* out, 
 }
 
 // Every row of x (M of them) against NT rows of w: passes of MT rows, then the rest (fewer than MT) in one pass;
-// the first pass asks for the next block (block_dots).
+// the passes share the asking for the next block's NT * K weights (`next`, or nullptr: none) between them.
 template <int64_t MT, int64_t NT, typename W>
 void block_rows(const W* w, int64_t K, const float* x, int64_t ldx, int64_t M, float* out, int64_t ldo,
                 const float* bias, const W* next) {
+  const int64_t passes = (M + MT - 1) / MT;
+  const int64_t lines = next != nullptr ? (NT * K * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
+  const auto share = [&](int64_t pass) {  // pass's lines: [lines * pass / passes, lines * (pass + 1) / passes)
+    const int64_t from = lines * pass / passes;
+    return Prefetch{reinterpret_cast<const char*>(next) + from * 64, lines * (pass + 1) / passes - from};
+  };
   int64_t m = 0;
-  for (; m + MT <= M; m += MT, next = nullptr)
-    block_dots<MT, NT>(w, K, x + m * ldx, ldx, out + m * ldo, ldo, bias, next);
+  for (; m + MT <= M; m += MT) block_dots<MT, NT>(w, K, x + m * ldx, ldx, out + m * ldo, ldo, bias, share(m / MT));
   if constexpr (MT > 1) {
     const float* xm = x + m * ldx;
     float* om = out + m * ldo;
+    const Prefetch last = share(passes - 1);
     switch (M - m) {
-      case 3: block_dots<3, NT>(w, K, xm, ldx, om, ldo, bias, next); break;
-      case 2: block_dots<2, NT>(w, K, xm, ldx, om, ldo, bias, next); break;
-      case 1: block_dots<1, NT>(w, K, xm, ldx, om, ldo, bias, next); break;
+      case 3: block_dots<3, NT>(w, K, xm, ldx, om, ldo, bias, last); break;
+      case 2: block_dots<2, NT>(w, K, xm, ldx, om, ldo, bias, last); break;
+      case 1: block_dots<1, NT>(w, K, xm, ldx, om, ldo, bias, last); break;
       default: break;
     }
   }
