@@ -13,25 +13,33 @@ from types import ModuleType
 
 from torch.utils import cpp_extension
 
-from backend.model.kernels.build import CFLAGS, SOURCES, ldflags
+from backend.model.kernels.build import CFLAGS, ldflags
 
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = "backend/model/kernels"
 
 
 def build_at(rev: str) -> ModuleType:
-    """Every kernel source (and kernels.h) of `rev`, compiled as its own extension (once per commit: the build
+    """The kernel sources `rev` had (and its kernels.h), compiled as its own extension (once per commit: the build
     stays in the temporary directory)."""
     commit = subprocess.run(["git", "rev-parse", rev], cwd=REPO, check=True, capture_output=True,
                             text=True).stdout.strip()[:12]
     out = Path(tempfile.gettempdir()) / f"tritonllm-kernels-{commit}"
     out.mkdir(exist_ok=True)
-    for name in [Path(s).name for s in SOURCES] + ["kernels.h"]:
+    names = _sources_at(rev)
+    for name in names + ["kernels.h"]:
         text = subprocess.run(["git", "show", f"{rev}:{KERNELS}/{name}"], cwd=REPO, check=True, capture_output=True,
                               text=True).stdout
         path = out / name
         if not path.exists() or path.read_text() != text:  # unchanged sources keep their build
             path.write_text(text)
-    sources = [str(out / Path(s).name) for s in SOURCES]
+    sources = [str(out / name) for name in names]
     return cpp_extension.load(f"tritonllm_kernels_at_{commit}", sources, extra_cflags=list(CFLAGS),
                               extra_ldflags=ldflags(), build_directory=str(out))
+
+
+def _sources_at(rev: str) -> list[str]:
+    """The kernel sources `rev` had: a later commit may add some (row_ops.cpp), so not today's SOURCES."""
+    listing = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{KERNELS}"], cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout.split()
+    return [name for name in listing if name.endswith(".cpp")]

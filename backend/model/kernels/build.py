@@ -1,5 +1,5 @@
 """The compiled CPU kernels (paged_decode.cpp, decode_layers.cpp, causal_prefill.cpp, bf16_gemv.cpp, f32_gemv.cpp,
-bound in bindings.cpp) as one torch JIT extension.
+row_ops.cpp, bound in bindings.cpp) as one torch JIT extension.
 
 Built once per machine and source (the build directory's name carries a hash of the sources, the compiler flags, the
 torch version and the CPU's feature flags, since it is compiled for this CPU: -march=native) under
@@ -26,7 +26,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = tuple(HERE / name for name in (
-    "paged_decode.cpp", "decode_layers.cpp", "causal_prefill.cpp", "bf16_gemv.cpp", "f32_gemv.cpp", "bindings.cpp"))
+    "paged_decode.cpp", "decode_layers.cpp", "causal_prefill.cpp", "bf16_gemv.cpp", "f32_gemv.cpp", "row_ops.cpp",
+    "bindings.cpp"))
 HEADERS = tuple(HERE / name for name in ("kernels.h",))
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs serially unless the code is compiled with OpenMP.
 # The library links against the OpenMP runtime torch has loaded (openmp_runtimes()), so that the process keeps one

@@ -2,17 +2,21 @@
 // order on the same tensors, so the result is bit for bit the Python layers' (tests/unit/model/test_decode_layers.py),
 // without ~40 Python operator calls and 4-6 module calls per layer (about a quarter of the demo model's batch-1 step,
 // perf/ISSUE16.md). The rotary embedding and the K/V writes run as one hand-written pass with the same float
-// operations (rotate_and_store: 0.95x the whole decode step at batch 16). Float32 activations on CPU, linears
+// operations (rotate_and_store: 0.95x the whole decode step at batch 16), and so do the norms, the residual adds and
+// SiLU(gate) * up where row_ops.cpp reproduces ATen's order (RowOps). Float32 activations on CPU, linears
 // prepacked for oneDNN (prepacked_linear.py: float32, or bfloat16 beside float32 activations), decode attention by
 // paged_decode.cpp; backend/model/kernels/decode_layers.py decides where it applies and lays out its arguments.
 #include "kernels.h"
 
+#include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace {
 
@@ -171,6 +175,40 @@ torch::Tensor activation(const torch::Tensor& x, int64_t kind) {
   return kind == 0 ? at::silu(x) : at::gelu(x, "tanh");
 }
 
+// The norms, the residual adds before them and SiLU(gate) * up: row_ops.cpp's one-pass forms where they give ATen's
+// bits (its AVX2 kernels; rows shorter than ATen's grain, which a lone row's sum would split between threads), the
+// ATen operations elsewhere.
+struct RowOps {
+  bool fused;
+  double eps;
+  bool weight_f32;
+
+  bool one_pass(const torch::Tensor& x, const torch::Tensor& w) const {
+    return fused && x.stride(1) == 1 && w.scalar_type() == at::kFloat && w.is_contiguous();
+  }
+  torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w) const {
+    return one_pass(x, w) ? rms_norm_rows(x, w, eps) : rms_norm(x, w, eps, weight_f32);
+  }
+  // (x + delta, its norm)
+  std::pair<torch::Tensor, torch::Tensor> add_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                   const torch::Tensor& w) const {
+    if (one_pass(x, w) && delta.stride(1) == 1) {
+      auto both = add_rms_norm_rows(x, delta, w, eps);
+      return {both[0], both[1]};
+    }
+    auto sum = x + delta;
+    return {sum, rms_norm(sum, w, eps, weight_f32)};
+  }
+  // halves (T, 2 I) -> act(gate) * up; gate the second half when fused (Phi-3's [up | gate]), else the first
+  torch::Tensor gated(const torch::Tensor& fc, int64_t kind, bool fused_mlp) const {
+    auto halves = fc.chunk(2, -1);
+    const auto& gate = fused_mlp ? halves[1] : halves[0];
+    const auto& up = fused_mlp ? halves[0] : halves[1];
+    if (fused && kind == 0 && fc.stride(1) == 1) return silu_mul_rows(gate, up);
+    return fused_mlp ? up * activation(gate, kind) : activation(gate, kind) * up;
+  }
+};
+
 }  // namespace
 
 // x (T, hidden) embeddings of a decode step (T sequences, one token each); weights: kPerLayer per layer;
@@ -194,10 +232,17 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
   const double scale = scalars[0], softcap = scalars[1], eps = scalars[2];
   TORCH_CHECK(slot_mapping.size(0) == T && context_slots.size(0) == T, "decode_layers: one new token per sequence");
   check_slots(slot_mapping, k_caches, v_caches);
+  const RowOps rows{row_ops_exact() && x.size(1) < at::internal::GRAIN_SIZE, eps, weight_f32};
+  torch::Tensor pending;  // the last layer's MLP output, added to x with the next layer's input norm
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = &weights[l * kPerLayer];
+    torch::Tensor normed;
+    if (pending.defined())
+      std::tie(x, normed) = rows.add_norm(x, pending, w[kInputNorm]);
+    else
+      normed = rows.norm(x, w[kInputNorm]);
     // Attention: qkv (T, (H + 2 KV) d) = q heads, k heads, v heads.
-    auto qkv = packed_linear(rms_norm(x, w[kInputNorm], eps, weight_f32), w[kQkv], w[kQkvBias], w[kQkvGemv]);
+    auto qkv = packed_linear(normed, w[kQkv], w[kQkvBias], w[kQkvGemv]);
     // q (T, H, d), rotated; the step's K/V rows written to the pools
     std::optional<torch::Tensor> fast;
     if (!present(w[kQNorm]))
@@ -210,16 +255,15 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     // MLP: fc holds [fc | gate] (HF gate_proj | up_proj) rows, or [up | gate] when fused (Phi-3).
     torch::Tensor mlp_in;
     if (sandwich) {
-      x = x + rms_norm(attn, w[kPostNorm], eps, weight_f32);
-      mlp_in = rms_norm(x, w[kPreMlpNorm], eps, weight_f32);
+      x = x + rows.norm(attn, w[kPostNorm]);
+      mlp_in = rows.norm(x, w[kPreMlpNorm]);
     } else {
-      x = x + attn;
-      mlp_in = rms_norm(x, w[kPostNorm], eps, weight_f32);
+      std::tie(x, mlp_in) = rows.add_norm(x, attn, w[kPostNorm]);
     }
-    auto halves = packed_linear(mlp_in, w[kFc], torch::Tensor(), w[kFcGemv]).chunk(2, -1);
-    auto hidden = fused_mlp ? halves[0] * activation(halves[1], dims[4]) : activation(halves[0], dims[4]) * halves[1];
+    auto hidden = rows.gated(packed_linear(mlp_in, w[kFc], torch::Tensor(), w[kFcGemv]), dims[4], fused_mlp);
     auto mlp = packed_linear(hidden, w[kProj], torch::Tensor(), w[kProjGemv]);
-    x = x + (sandwich ? rms_norm(mlp, w[kPostMlpNorm], eps, weight_f32) : mlp);
+    pending = sandwich ? rows.norm(mlp, w[kPostMlpNorm]) : mlp;
   }
+  if (pending.defined()) x = x + pending;
   return x;
 }

@@ -2,7 +2,8 @@
 
 decode_layers.cpp runs the ATen operations of backend/model/decoder.py's layers in their order on the same tensors,
 so its output equals the Python layers' bit for bit (the rotary embedding and the K/V writes as one pass with the
-same float operations); what it saves is Python: ~40 operator calls and 4-6 module calls per layer, about a quarter
+same float operations, and the norms, residual adds and SiLU(gate) * up as row_ops.cpp's passes in ATen's order where
+ATen runs its AVX2 kernels); what it saves is Python: ~40 operator calls and 4-6 module calls per layer, about a quarter
 of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
 It serves decode steps run by the paged attention kernel (float32 queries on CPU) on oneDNN-prepacked linears
 (float32, or bfloat16 beside the float32 activations, with a bf16 KV pool; products of up to 16 rows on the GEMV's

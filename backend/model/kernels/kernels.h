@@ -11,7 +11,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
                            double scale, double softcap);
 
-// decode_layers.cpp: every decoder layer of a decode step in one call, the same ATen operations as decoder.py.
+// decode_layers.cpp: every decoder layer of a decode step in one call, the same arithmetic as decoder.py.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights,
                             const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
                             const std::vector<torch::Tensor>& col_starts, const std::vector<torch::Tensor>& col_ends,
@@ -33,3 +33,11 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
 // f32_gemv.cpp: a float32 linear of 1 to kGemvMaxRows rows over its row-major weight (AVX2 + FMA CPUs).
 bool f32_gemv_available();
 torch::Tensor f32_gemv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// row_ops.cpp: RMS norm (after a residual add) and SiLU(gate) * up over float32 rows, ATen's bits where ATen runs its
+// AVX2 kernels (row_ops_exact(); AVX2 + FMA builds only).
+bool row_ops_exact();
+torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, double eps);
+std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& w,
+                                             double eps);
+torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up);

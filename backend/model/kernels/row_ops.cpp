@@ -1,0 +1,203 @@
+// The decoder layers' small float32 row operations in one pass each: RMS norm (6 ATen operations: pow, mean, add,
+// rsqrt, two products), the residual add before it, and act(gate) * up for SiLU (2). Each is ATen's own arithmetic in
+// ATen's order under its AVX2 kernels, so the bits are those of the ATen operations decoder.py runs
+// (tests/unit/model/test_row_ops.py checks them against ATen), without their dispatches and temporaries: at batch 16
+// the demo model's step ran ~2 ms of such operations in 14 (perf/ISSUE16.md, "The norms and SiLU in one pass").
+// Exact only where ATen runs its AVX2 kernels (8-float vectors; AVX-512 ones add in another order):
+// row_ops_exact() says so, and decode_layers.cpp keeps the ATen operations elsewhere.
+#include "kernels.h"
+
+#include <ATen/Version.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
+
+#include <algorithm>
+#include <cmath>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#include <sleef.h>
+
+namespace {
+
+inline __m256 square8(const float* x) {
+  const __m256 v = _mm256_loadu_ps(x);
+  return _mm256_mul_ps(v, v);
+}
+
+// The sum of x[0, n)^2 as ATen's sum(x.pow(2), -1) adds it (SumKernel.cpp's cascade_sum, contiguous inner
+// reduction): 8-float vectors read as rows of 4 (row_sum's ilp), each of the 4 summed in a cascade of 4 levels that
+// carries every 16 rows up a level (multi_row_sum; 16 = 1 << level_power, 4 for under 2^20 rows); then the vectors
+// left over, the 4 sums in order, the floats left over from 0, the 8 lanes in order. Squares rounded before the
+// adds, as pow's output is: no fused multiply-adds (fp-contract off).
+__attribute__((optimize("fp-contract=off"))) float sum_of_squares(const float* x, int64_t n) {
+  if (n < 8) {  // fewer floats than a vector: scalar_inner_sum, row_sum's 4 sums of one row of 4, the rest, in order
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    const int64_t whole = n / 4 * 4;
+    for (int64_t e = 0; e < whole; ++e) part[e] = x[e] * x[e];
+    for (int64_t e = whole; e < n; ++e) {
+      const float sq = x[e] * x[e];
+      part[0] += sq;
+    }
+    return ((part[0] + part[1]) + part[2]) + part[3];
+  }
+  constexpr int64_t kLevels = 4, kStep = 16, kPower = 4;
+  const int64_t vecs = n / 8, rows = vecs / 4;
+  TORCH_CHECK(rows < (int64_t{1} << 20), "row_ops: rows of ", n, " floats are longer than this sum reproduces");
+  __m256 acc[kLevels][4];
+  for (auto& level : acc)
+    for (auto& a : level) a = _mm256_setzero_ps();
+  int64_t i = 0;
+  while (i + kStep <= rows) {
+    for (int64_t j = 0; j < kStep; ++j, ++i)
+      for (int64_t k = 0; k < 4; ++k) acc[0][k] = _mm256_add_ps(acc[0][k], square8(x + (4 * i + k) * 8));
+    for (int64_t j = 1; j < kLevels; ++j) {
+      for (int64_t k = 0; k < 4; ++k) {
+        acc[j][k] = _mm256_add_ps(acc[j][k], acc[j - 1][k]);
+        acc[j - 1][k] = _mm256_setzero_ps();
+      }
+      if ((i & ((kStep - 1) << (j * kPower))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i)
+    for (int64_t k = 0; k < 4; ++k) acc[0][k] = _mm256_add_ps(acc[0][k], square8(x + (4 * i + k) * 8));
+  for (int64_t j = 1; j < kLevels; ++j)
+    for (int64_t k = 0; k < 4; ++k) acc[0][k] = _mm256_add_ps(acc[0][k], acc[j][k]);
+  for (int64_t v = rows * 4; v < vecs; ++v) acc[0][0] = _mm256_add_ps(acc[0][0], square8(x + v * 8));
+  for (int64_t k = 1; k < 4; ++k) acc[0][0] = _mm256_add_ps(acc[0][0], acc[0][k]);
+  float total = 0.f;
+  for (int64_t e = vecs * 8; e < n; ++e) {
+    const float sq = x[e] * x[e];
+    total += sq;
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0][0]);
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
+// out[0, n) = w * (x * rsqrt(mean(x^2) + eps)): mean as ATen's CPU mean (the sum, then / n), eps rounded to float
+// as a float tensor's scalar add rounds it, rsqrt as 1 / sqrt (ATen's scalar and AVX2 kernels alike).
+__attribute__((optimize("fp-contract=off"))) void norm_row(const float* x, const float* w, int64_t n, float eps,
+                                                          float* out) {
+  const float mean = sum_of_squares(x, n) / static_cast<float>(n);
+  const float r = 1.f / std::sqrt(mean + eps);
+  const __m256 rv = _mm256_set1_ps(r);
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8)
+    _mm256_storeu_ps(out + e, _mm256_mul_ps(_mm256_loadu_ps(w + e), _mm256_mul_ps(_mm256_loadu_ps(x + e), rv)));
+  for (; e < n; ++e) out[e] = w[e] * (x[e] * r);
+}
+
+// out[from, to) = silu(gate) * up, silu as ATen's AVX2 kernel computes it: x / (1 + exp(-x)) with Sleef's exp over
+// 16-float pairs of vectors from `from`, the floats left over with the scalar expf (its vectorized_loop's tail).
+void silu_mul_span(const float* gate, const float* up, int64_t from, int64_t to, float* out) {
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  int64_t e = from;
+  for (; e + 16 <= to; e += 16)
+    for (int64_t h = e; h < e + 16; h += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + h);
+      const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_xor_ps(sign, g))));
+      _mm256_storeu_ps(out + h, _mm256_mul_ps(s, _mm256_loadu_ps(up + h)));
+    }
+  for (; e < to; ++e) out[e] = gate[e] / (1.f + std::exp(-gate[e])) * up[e];
+}
+
+// Where ATen's elementwise loop over numel elements starts anew besides each row's start: each thread's chunk, when
+// TensorIterator::for_each splits them (at::parallel_for, grain 32768: one chunk per thread, divup(numel, threads)
+// long). Returns the chunk length (numel: no split).
+int64_t aten_chunk(int64_t numel) {
+  const int64_t grain = at::internal::GRAIN_SIZE, threads = at::get_num_threads();
+  if (numel < grain || threads == 1 || at::in_parallel_region()) return numel;
+  const int64_t parts = std::min(threads, (numel + grain - 1) / grain);
+  return (numel + parts - 1) / parts;
+}
+
+void check_rows(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.stride(1) == 1, "row_ops: ", what,
+              " (T, n) float32 with contiguous rows");
+}
+
+void check_norm_weight(const torch::Tensor& w, int64_t n) {
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == n && w.scalar_type() == at::kFloat && w.is_contiguous(),
+              "row_ops: the norm weight (", n, ",) float32");
+}
+
+}  // namespace
+
+// ATen picks its kernels once per process (the CPU, or ATEN_CPU_CAPABILITY): "AVX2" is the 8-float one.
+bool row_ops_exact() {
+  static const bool avx2 = at::get_cpu_capability() == "AVX2";
+  return avx2;
+}
+
+torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  check_rows(x, "x");
+  const int64_t T = x.size(0), n = x.size(1);
+  check_norm_weight(w, n);
+  auto out = torch::empty({T, n}, x.options());
+  for (int64_t t = 0; t < T; ++t)
+    norm_row(x.data_ptr<float>() + t * x.stride(0), w.data_ptr<float>(), n, static_cast<float>(eps),
+             out.data_ptr<float>() + t * n);
+  return out;
+}
+
+std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& delta,
+                                             const torch::Tensor& w, double eps) {
+  check_rows(x, "x");
+  check_rows(delta, "delta");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "row_ops: x and delta differ in shape");
+  const int64_t T = x.size(0), n = x.size(1);
+  check_norm_weight(w, n);
+  auto sum = torch::empty({T, n}, x.options()), out = torch::empty({T, n}, x.options());
+  for (int64_t t = 0; t < T; ++t) {
+    const float* a = x.data_ptr<float>() + t * x.stride(0);
+    const float* b = delta.data_ptr<float>() + t * delta.stride(0);
+    float* s = sum.data_ptr<float>() + t * n;
+    for (int64_t e = 0; e < n; ++e) s[e] = a[e] + b[e];
+    norm_row(s, w.data_ptr<float>(), n, static_cast<float>(eps), out.data_ptr<float>() + t * n);
+  }
+  return {sum, out};
+}
+
+torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up) {
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(up.sizes() == gate.sizes(), "row_ops: gate and up differ in shape");
+  const int64_t T = gate.size(0), n = gate.size(1);
+  auto out = torch::empty({T, n}, gate.options());
+  const int64_t chunk = aten_chunk(T * n);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = gate.data_ptr<float>() + t * gate.stride(0);
+    const float* u = up.data_ptr<float>() + t * up.stride(0);
+    float* o = out.data_ptr<float>() + t * n;
+    // this row's spans: from its start and from each chunk start inside it
+    int64_t from = 0;
+    for (int64_t c = (t * n / chunk + 1) * chunk; c < (t + 1) * n; c += chunk) {
+      silu_mul_span(g, u, from, c - t * n, o);
+      from = c - t * n;
+    }
+    silu_mul_span(g, u, from, n, o);
+  }
+  return out;
+}
+
+#else  // no AVX2 + FMA: decode_layers.cpp keeps the ATen operations
+
+bool row_ops_exact() { return false; }
+
+torch::Tensor rms_norm_rows(const torch::Tensor&, const torch::Tensor&, double) {
+  TORCH_CHECK(false, "row_ops: built without AVX2 + FMA");
+}
+
+std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                             double) {
+  TORCH_CHECK(false, "row_ops: built without AVX2 + FMA");
+}
+
+torch::Tensor silu_mul_rows(const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "row_ops: built without AVX2 + FMA");
+}
+
+#endif

@@ -1,0 +1,121 @@
+"""The decoder layers' one-pass row operations (backend/model/kernels/row_ops.cpp): RMS norm, the residual add with
+it, and SiLU(gate) * up, bit for bit the ATen operations backend/model/decoder.py runs, over row lengths that reach
+each part of ATen's cascaded sum (vectors left over, floats left over, a second and a third level) and of its
+elementwise loop (16-float runs, scalar tails, the split between threads), hostile values, and what they refuse."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backend.model.decoder import RMSNorm
+from backend.model.kernels.build import KernelUnavailable, load
+
+
+def _kernels():
+    try:
+        return load()
+    except KernelUnavailable:
+        return None
+
+
+KERNELS = _kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.row_ops_exact(),
+                                reason="row operations: no kernels, or ATen runs other than its AVX2 kernels here")
+# under one vector, a vector and floats left over, rows of 4 vectors and vectors left over, the demo and 125M hidden
+# sizes, a 5120 one, and sums carried to a second (8192) and third (65536 + tails) level of the cascade
+NORM_SIZES = [5, 13, 40, 96, 256, 768, 1000, 5120, 8192, 65536 + 8 * 3 + 5]
+
+
+def _rows(t: int, n: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t, n, generator=g) * scale
+
+
+def _norm(n: int, eps: float, weight_in_float32: bool, seed: int) -> RMSNorm:
+    norm = RMSNorm(n, eps, weight_in_float32)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(seed)))
+    return norm
+
+
+@pytest.mark.parametrize("weight_in_float32", [False, True])
+@pytest.mark.parametrize("t", [1, 3, 16])
+@pytest.mark.parametrize("n", NORM_SIZES)
+def test_rms_norm_is_the_python_norm_bit_for_bit(n, t, weight_in_float32):
+    norm = _norm(n, 1e-6 if weight_in_float32 else 1e-5, weight_in_float32, seed=n)
+    x = _rows(t, n, seed=n + t)
+    with torch.no_grad():
+        want = norm(x)
+    assert torch.equal(KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps), want)
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1e-3, 1e3, 1e18])
+def test_rms_norm_of_hostile_magnitudes_and_zero_rows(scale):
+    """Tiny rows (eps dominates), huge ones (squares near float32's top), a zero row, one with an inf square."""
+    n = 768
+    norm = _norm(n, 1e-5, False, seed=1)
+    x = _rows(4, n, seed=2, scale=scale)
+    x[1] = 0
+    x[2, 7] = 3e38
+    with torch.no_grad():
+        want = norm(x)
+    assert torch.equal(KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps), want)
+
+
+@pytest.mark.parametrize("t", [1, 16])
+@pytest.mark.parametrize("n", [40, 256, 768, 5120])
+def test_add_rms_norm_is_the_add_then_the_python_norm(n, t):
+    norm = _norm(n, 1e-5, False, seed=n)
+    x, delta = _rows(t, n, seed=1), _rows(t, n, seed=2)
+    with torch.no_grad():
+        want_sum = x + delta
+        want = norm(want_sum)
+    got_sum, got = KERNELS.add_rms_norm_rows(x, delta, norm.weight.detach(), norm.eps)
+    assert torch.equal(got_sum, want_sum) and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("t", [1, 5, 13, 16])
+@pytest.mark.parametrize("inter", [8, 17, 40, 1024, 2007, 3072, 11008])
+def test_silu_mul_is_the_python_mlp_bit_for_bit(inter, t, threads):
+    """Halves of a (T, 2 I) product as decoder.Mlp takes them; at 2 threads the rows of ATen's SiLU over 32768 or more
+    floats are split between threads, mid-row where T is odd (13 x 3072, 13 x 2007: a split off the 16-float runs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fc = _rows(t, 2 * inter, seed=inter + t, scale=4.0)
+        gate, up = fc.chunk(2, dim=-1)
+        want = F.silu(gate) * up
+        got = KERNELS.silu_mul_rows(gate, up)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, want)
+
+
+def test_silu_mul_of_hostile_values():
+    """exp(-x) overflowing (x = -100: -0), vanishing (x = 100), infinities and NaN in both halves."""
+    fc = _rows(2, 2 * 40, seed=3)
+    fc[0, :6] = torch.tensor([-100.0, 100.0, float("inf"), float("-inf"), 0.0, -0.0])
+    fc[1, 40:43] = torch.tensor([float("nan"), float("inf"), 0.0])
+    fc[1, 0] = float("nan")
+    gate, up = fc.chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = KERNELS.silu_mul_rows(gate, up)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert torch.equal(got.signbit(), want.signbit())
+
+
+def test_what_the_row_operations_refuse():
+    w = torch.ones(8)
+    with pytest.raises(RuntimeError, match=r"x \(T, n\) float32"):
+        KERNELS.rms_norm_rows(torch.ones(2, 8, dtype=torch.float64), w, 1e-5)
+    with pytest.raises(RuntimeError, match=r"norm weight \(8,\) float32"):
+        KERNELS.rms_norm_rows(torch.ones(2, 8), torch.ones(9), 1e-5)
+    with pytest.raises(RuntimeError, match="differ in shape"):
+        KERNELS.add_rms_norm_rows(torch.ones(2, 8), torch.ones(3, 8), w, 1e-5)
+    with pytest.raises(RuntimeError, match="differ in shape"):
+        KERNELS.silu_mul_rows(torch.ones(2, 8), torch.ones(2, 9))
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        KERNELS.silu_mul_rows(torch.ones(8, 2).T, torch.ones(2, 8))
