@@ -7,10 +7,9 @@
 // row_ops_exact() says so, and decode_layers.cpp keeps the ATen operations elsewhere.
 #include "kernels.h"
 
-#include <ATen/Version.h>
-
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/Version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +27,8 @@ inline __m256 square8(const float* x) {
 
 // The sum of x[0, n)^2 as ATen's sum(x.pow(2), -1) adds it (SumKernel.cpp's cascade_sum, contiguous inner
 // reduction): 8-float vectors read as rows of 4 (row_sum's ilp), each of the 4 summed in a cascade of 4 levels that
-// carries every 16 rows up a level (multi_row_sum; 16 = 1 << level_power, 4 for under 2^20 rows); then the vectors
+// carries every 16 rows up a level (multi_row_sum; 16 = 1 << level_power: max(4, CeilLog2(rows) / 4) is 4 up to 2^19
+// rows, 5 above, which this order does not follow, so it refuses them); then the vectors
 // left over, the 4 sums in order, the floats left over from 0, the 8 lanes in order. Squares rounded before the
 // adds, as pow's output is: no fused multiply-adds (fp-contract off).
 __attribute__((optimize("fp-contract=off"))) float sum_of_squares(const float* x, int64_t n) {
@@ -44,7 +44,7 @@ __attribute__((optimize("fp-contract=off"))) float sum_of_squares(const float* x
   }
   constexpr int64_t kLevels = 4, kStep = 16, kPower = 4;
   const int64_t vecs = n / 8, rows = vecs / 4;
-  TORCH_CHECK(rows < (int64_t{1} << 20), "row_ops: rows of ", n, " floats are longer than this sum reproduces");
+  TORCH_CHECK(rows <= (int64_t{1} << 19), "row_ops: rows of ", n, " floats are longer than this sum reproduces");
   __m256 acc[kLevels][4];
   for (auto& level : acc)
     for (auto& a : level) a = _mm256_setzero_ps();

@@ -1,6 +1,6 @@
 """The decoder layers' one-pass row operations (backend/model/kernels/row_ops.cpp): RMS norm, the residual add with
 it, and SiLU(gate) * up, bit for bit the ATen operations backend/model/decoder.py runs, over row lengths that reach
-each part of ATen's cascaded sum (vectors left over, floats left over, a second and a third level) and of its
+each level of ATen's cascaded sum (and the vectors and floats left over) and of its
 elementwise loop (16-float runs, scalar tails, the split between threads), hostile values, and what they refuse."""
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ KERNELS = _kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.row_ops_exact(),
                                 reason="row operations: no kernels, or ATen runs other than its AVX2 kernels here")
 # under one vector, a vector and floats left over, rows of 4 vectors and vectors left over, the demo and 125M hidden
-# sizes, a 5120 one, and sums carried to a second (8192) and third (65536 + tails) level of the cascade
-NORM_SIZES = [5, 13, 40, 96, 256, 768, 1000, 5120, 8192, 65536 + 8 * 3 + 5]
+# sizes (the 125M's 24 rows of 4 vectors carry once to the cascade's second level), a 5120 one, sums carried to the
+# third level (8192: 256 rows; 65536 + tails: 2048 rows) and to the fourth (4096 rows and more)
+NORM_SIZES = [5, 13, 40, 96, 256, 768, 1000, 5120, 8192, 65536 + 8 * 3 + 5, 131072 + 8 * 3 + 5]
+# the most rows of 4 vectors ATen sums in the cascade's order above (level_power 4): 2^19
 
 
 def _rows(t: int, n: int, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -105,6 +107,26 @@ def test_silu_mul_of_hostile_values():
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
     assert torch.equal(got.signbit(), want.signbit())
+
+
+def test_the_longest_rows_the_sum_follows():
+    """Up to 2^19 rows of 4 vectors ATen's cascade steps by 16 (level_power 4); beyond, by 32, an order the sum does
+    not follow: refused by name, not summed in another order. ATen at one thread: a lone row this long may be summed
+    in parts between threads, which decode_layers.cpp keeps to ATen for (rows of its grain or more)."""
+    longest = 2 ** 19 * 32
+    norm = _norm(longest, 1e-5, False, seed=4)
+    x = _rows(1, longest, seed=5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            want = norm(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps), want)
+    over = torch.ones(1, longest + 32)
+    with pytest.raises(RuntimeError, match=f"rows of {longest + 32} floats are longer than this sum reproduces"):
+        KERNELS.rms_norm_rows(over, torch.ones(longest + 32), 1e-5)
 
 
 def test_what_the_row_operations_refuse():
