@@ -106,16 +106,23 @@ def test_restart_budget_spent_exits_failed_with_nothing_left(fake):
     assert not alive(server) and not any(alive(s) for s in stubs)
 
 
+def _sigterm_with_two_in_flight(supervisor: Supervisor) -> float:
+    """SIGTERM while a model process reports two requests in flight, which then sees "draining" (refuses from now
+    on); the monotonic time of the signal."""
+    supervisor.control.report_inflight("tensorrt_llm", 2)  # as a model process with two requests in flight would
+    started = time.monotonic()
+    supervisor.on_signal(signal.SIGTERM)
+    assert wait_for(lambda: supervisor.control.phase().phase == "draining", 5)
+    supervisor.control.report_inflight("tensorrt_llm", 2, "draining")
+    return started
+
+
 def test_sigterm_drains_in_flight_then_stops(fake):
     """Readiness is 503 for as long as requests drain (a long grace: no race with its end); the last one ending
     stops the server at once, well inside the grace period."""
     supervisor, result = fake(shutdown_grace_s=60)
     server, stubs = psutil.Process(supervisor.proc.pid), psutil.Process(supervisor.proc.pid).children()
-    supervisor.control.report_inflight("tensorrt_llm", 2)  # as a model process with two requests in flight would
-    started = time.monotonic()
-    supervisor.on_signal(signal.SIGTERM)
-    assert wait_for(lambda: supervisor.control.phase().phase == "draining", 5)
-    supervisor.control.report_inflight("tensorrt_llm", 2, "draining")  # the model has seen it: refuses from now on
+    started = _sigterm_with_two_in_flight(supervisor)
     ready = f"http://localhost:{supervisor.sup.health_port}/v2/health/ready"
     assert wait_for(lambda: get_status(ready) == 503, 10)
     assert supervisor.state == "draining" and "rc" not in result
@@ -128,11 +135,7 @@ def test_sigterm_drains_in_flight_then_stops(fake):
 def test_sigterm_waits_out_the_grace_period_then_stops(fake):
     supervisor, result = fake(shutdown_grace_s=0.5)
     server, stubs = psutil.Process(supervisor.proc.pid), psutil.Process(supervisor.proc.pid).children()
-    supervisor.control.report_inflight("tensorrt_llm", 2)
-    started = time.monotonic()
-    supervisor.on_signal(signal.SIGTERM)
-    assert wait_for(lambda: supervisor.control.phase().phase == "draining", 5)
-    supervisor.control.report_inflight("tensorrt_llm", 2, "draining")
+    started = _sigterm_with_two_in_flight(supervisor)
     assert wait_for(lambda: "rc" in result, 30) and result["rc"] == EXIT_OK
     assert time.monotonic() - started >= 0.5  # the grace period was waited out (the count never dropped)
     assert not alive(server) and not any(alive(s) for s in stubs)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from backend.model.decoder import RMSNorm
 from backend.model.kernels.build import KernelUnavailable, load
+from build_engines.training import torch_threads
 
 
 def _kernels():
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.row_ops_exact(),
 # sizes (the 125M's 24 rows of 4 vectors carry once to the cascade's second level), a 5120 one, sums carried to the
 # third level (8192: 256 rows; 65536 + tails: 2048 rows) and to the fourth (4096 rows and more)
 NORM_SIZES = [5, 13, 40, 96, 256, 768, 1000, 5120, 8192, 65536 + 8 * 3 + 5, 131072 + 8 * 3 + 5]
-# the most rows of 4 vectors ATen sums in the cascade's order above (level_power 4): 2^19
 
 
 def _rows(t: int, n: int, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -83,15 +83,11 @@ def test_add_rms_norm_is_the_add_then_the_python_norm(n, t):
 def test_silu_mul_is_the_python_mlp_bit_for_bit(inter, t, threads):
     """Halves of a (T, 2 I) product as decoder.Mlp takes them; at 2 threads the rows of ATen's SiLU over 32768 or more
     floats are split between threads, mid-row where T is odd (13 x 3072, 13 x 2007: a split off the 16-float runs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         fc = _rows(t, 2 * inter, seed=inter + t, scale=4.0)
         gate, up = fc.chunk(2, dim=-1)
         want = F.silu(gate) * up
         got = KERNELS.silu_mul_rows(gate, up)
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(got, want)
 
 
@@ -116,13 +112,8 @@ def test_the_longest_rows_the_sum_follows():
     longest = 2 ** 19 * 32
     norm = _norm(longest, 1e-5, False, seed=4)
     x = _rows(1, longest, seed=5)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad():
-            want = norm(x)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(1), torch.no_grad():
+        want = norm(x)
     assert torch.equal(KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps), want)
     over = torch.ones(1, longest + 32)
     with pytest.raises(RuntimeError, match=f"rows of {longest + 32} floats are longer than this sum reproduces"):
