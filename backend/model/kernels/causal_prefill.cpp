@@ -18,6 +18,7 @@
 #include <vector>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <omp.h>
 

@@ -5,6 +5,8 @@ that compiles in seconds, in a temporary directory, so they say what happens to 
 """
 from __future__ import annotations
 
+import platform
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -110,19 +112,39 @@ def test_a_built_library_loads_without_building(tmp_path):
     assert builder.calls == [1]
 
 
-def test_the_kernels_compile_as_cpp17():
-    """torch builds extensions with -std=c++17 before 2.13 (pyproject allows torch>=2.5) and -std=c++20 from it,
-    so CI's own build would not see a C++20-only call: causal_prefill.cpp's make_unique_for_overwrite failed to
-    build on a lent GPU machine's torch 2.11 (perf/CUDA.md). Each source is parsed as C++17 against this torch's
-    headers, two compilers at a time (~15 s each; bindings.cpp, which alone includes torch/extension.h, ~33 s)."""
+# The instruction sets the sources' #if branches select: baseline x86-64 (the fallbacks), AVX2 + FMA (f32_gemv,
+# row_ops, paged_decode), AVX-512 with BF16 (bf16_gemv, causal_prefill, paged_decode's wide loops). -march=native
+# compiles one of them; the others reached CI only on a machine that has them (causal_prefill.cpp's AVX-512 branch
+# lost its ATen/Parallel.h include to 141ad1c and failed to build on the first AVX-512 BF16 CPU after it).
+MARCHES = ("x86-64", "x86-64-v3", "sapphirerapids")
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernels are optional there")
+def test_the_kernels_build_where_a_compiler_is():
+    """With a compiler, the kernels must build: a failed build only warns (the engine falls back to ATen), and every
+    kernel test skips when they are unavailable, so this is the test that goes red."""
+    assert build.load().f32_gemv_available() in (True, False)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("c++") is None,
+                    reason="the kernels' branches are x86 instruction sets")
+@pytest.mark.parametrize("march", MARCHES)
+def test_the_kernels_compile_as_cpp17_for_every_instruction_set(march):
+    """Every source parsed as C++17 against this torch's headers for each instruction set its branches select, so
+    an AVX2 machine checks the AVX-512 code and the reverse. torch builds extensions with -std=c++17 before 2.13
+    (pyproject allows torch>=2.5) and -std=c++20 from it, so CI's own build would not see a C++20-only call:
+    causal_prefill.cpp's make_unique_for_overwrite failed to build on a lent GPU machine's torch 2.11
+    (perf/CUDA.md). Two compilers at a time, ~15 s a source (bindings.cpp, which alone includes
+    torch/extension.h, ~33 s); sources without instruction-set branches are parsed at one level only."""
     import sysconfig
 
     from torch.utils import cpp_extension
 
     includes = [f"-isystem{path}" for path in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"])]
-    command = ["c++", "-std=c++17", "-fsyntax-only", *build.CFLAGS, *includes, "-DTORCH_EXTENSION_NAME=cpp17_check",
+    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in build.CFLAGS]
+    command = ["c++", "-std=c++17", "-fsyntax-only", *flags, *includes, "-DTORCH_EXTENSION_NAME=cpp17_check",
                "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    pending = list(build.SOURCES)
+    pending = [s for s in build.SOURCES if march == MARCHES[-1] or "#if defined(__AVX" in s.read_text()]
     running: list[tuple[Path, subprocess.Popen]] = []
     failures = []
     while pending or running:
@@ -132,5 +154,5 @@ def test_the_kernels_compile_as_cpp17():
         source, proc = running.pop(0)
         _, err = proc.communicate(timeout=300)
         if proc.returncode != 0:
-            failures.append(f"{source.name}:\n{err[-2000:]}")
+            failures.append(f"{source.name} (-march={march}):\n{err[-2000:]}")
     assert not failures, "\n".join(failures)
