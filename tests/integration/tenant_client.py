@@ -3,6 +3,7 @@ parameters), timing the first token."""
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,8 +32,10 @@ def _enqueue(responses: queue.Queue, result, error) -> None:
 
 def generate(url: str, prompt: str | bytes, max_tokens: int, api_key: str | None = None, stream: bool = False,
              parameters: dict | None = None, outputs: tuple[str, ...] = (), timeout_s: float = 180.0,
-             headers: dict[str, str] | None = None, model: str = "ensemble", **extra: np.ndarray) -> Outcome:
-    """One ensemble request; the server's error (if any) ends up in Outcome.error, not raised."""
+             headers: dict[str, str] | None = None, model: str = "ensemble", first_text: threading.Event | None = None,
+             **extra: np.ndarray) -> Outcome:
+    """One ensemble request; the server's error (if any) ends up in Outcome.error, not raised. `first_text` is set
+    once the first text arrives: the request is generating (a client's own sign, as fast as the machine)."""
     headers = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
     text = prompt if isinstance(prompt, bytes) else prompt.encode()  # bytes: sent as they are (not UTF-8, say)
     inputs = {"text_input": np.array([[text]], dtype=object),
@@ -55,6 +58,8 @@ def generate(url: str, prompt: str | bytes, max_tokens: int, api_key: str | None
                 out.texts.append(b"".join(text.reshape(-1)).decode())
                 if out.ttft_s is None:
                     out.ttft_s = at - sent
+                    if first_text is not None:
+                        first_text.set()
             for name in outputs:
                 if result.as_numpy(name) is not None:
                     out.outputs[name] = result.as_numpy(name)

@@ -9,6 +9,7 @@ as the server lived; SIGTERM left in-flight streams without tokens or an error u
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,8 +25,11 @@ from tests.integration.tenant_client import Outcome, generate
 ERROR_AT_ONCE_S = 10.0  # a killed model's in-flight streams end with an error within this (measured: 1.3 s)
 NOT_READY_S = 5.0  # readiness turns false within this after a model process dies (measured: 1.3 s)
 BACK_S = 300.0  # a restarted server is ready again within this (measured: 25 s idle, 58 s with load 6)
-GRACE_S = 8.0
-SHORT_TOKENS = 40  # a stream that finishes well within GRACE_S beside 15 others (about 3 s here)
+GRACE_S = 4.0
+SHORT_TOKENS = 40  # a stream that finishes well within GRACE_S beside 15 others
+# A stream that must outlast GRACE_S: as many tokens as `make serve`'s max_seq_len (2048) holds after the prompt,
+# since a fixed 1000 ended within an 8 s grace on a Zen 5 EPYC.
+LONG_TOKENS = 2000
 RESTART_FAILED = 3  # ensembles.supervisor.EXIT_FAILED
 
 
@@ -136,10 +140,12 @@ def test_sigterm_via_make_serve_drains_then_exits_cleanly(launch, tmp_path):
     reference = generate(launcher.grpc_url, *short_args, **forced)  # alone, before the load
     assert reference.ok and reference.texts
     with ThreadPoolExecutor(16) as pool:
-        long = _streams(launcher, pool, 8, 1000)
+        long = _streams(launcher, pool, 8, LONG_TOKENS)
         assert wait_for(lambda: _generating(launcher, 8), 60)
-        short = [pool.submit(_timed, launcher.grpc_url, *short_args, stream=True, **forced) for _ in range(8)]
-        assert wait_for(lambda: _generating(launcher, 16), 60)  # the short ones are in
+        begun = [threading.Event() for _ in range(8)]
+        short = [pool.submit(_timed, launcher.grpc_url, *short_args, stream=True, first_text=event, **forced)
+                 for event in begun]
+        assert all(event.wait(60) for event in begun)  # the short ones are in (a client's sign: no metrics poll)
         launcher.signal(signal.SIGTERM)
         sent = time.monotonic()
         # Readiness turns false once every model process saw "draining", at the latest after ACK_TIMEOUT_S.
@@ -156,7 +162,8 @@ def test_sigterm_via_make_serve_drains_then_exits_cleanly(launch, tmp_path):
         [o.error for o, _ in long]
     assert all(GRACE_S - 0.5 <= at - sent < GRACE_S + 5 for _, at in long), [at - sent for _, at in long]
     acks = [line for line in launcher.log_path.read_text().splitlines() if "saw draining" in line]
-    print(f"launcher exited {exited_s:.1f} s after SIGTERM (grace {GRACE_S:g} s); {acks}; long streams: {long[0][0].error}")
+    print(f"launcher exited {exited_s:.1f} s after SIGTERM (grace {GRACE_S:g} s); {acks}; long streams: {long[0][0].error}"
+          f"; their responses before it: {[len(out.texts) for out, _ in long]} (of up to {LONG_TOKENS} tokens)")
     # The launcher's own bounded steps after the grace period: the aborted requests' settling, the front's stop and
     # tritonserver's (each killed after stop_timeout_s; Triton's unload of its five models took 5-6 s on the 2-core
     # AVX2 VM, so it is killed there), plus 3 s for the processes' exits: measured 17.3-18.1 s with grace 8.

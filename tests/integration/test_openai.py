@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
+import urllib.parse
 
 import openai
 import pytest
@@ -217,10 +220,19 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(server):
     assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
     body = {"model": "ensemble", "prompt": "def long_answer(x):\n", "max_tokens": 900, "min_tokens": 900,
             "temperature": 0}
-    with pytest.raises(requests.ReadTimeout):  # the client gives up after 3 s and closes its connection
-        requests.post(f"{server.openai_url}/completions", json=body, timeout=(10, 3))
+    url = urllib.parse.urlsplit(f"{server.openai_url}/completions")
+    client = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    client.request("POST", url.path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    # The client goes away once the answer is being generated, not after a fixed wait that a fast machine outlasts
+    # (a 3 s read timeout: 900 tokens took less on a Zen 5 EPYC).
+    assert metrics.wait_until(port, "nv_trt_llm_request_metrics", lambda v: v >= 1, request_type="active") == 1
+    started_at = metrics.value(metrics.scrape(port), ITERATIONS, general_type="iteration_counter")
+    client.close()
     closed_at = metrics.value(metrics.scrape(port), ITERATIONS, general_type="iteration_counter")
-    assert metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free") == idle
+    assert closed_at - started_at < 600, "the answer was nearly done before its client went away"
+    free = metrics.wait_for(port, BLOCKS, idle, kv_cache_block_type="free")
+    # Seen once on the Zen 5 EPYC, not reproduced in 50 runs: 767 of 768 free after 30 s; say what was in flight.
+    assert free == idle, [line for line in metrics.scrape(port).splitlines() if "_request_metrics{" in line]
     assert metrics.wait_for(port, "nv_trt_llm_request_metrics", 0.0, request_type="active") == 0.0
     steps = metrics.value(metrics.scrape(port), ITERATIONS, general_type="iteration_counter") - closed_at
     assert steps < 300, steps  # stopped, not generated to its 900 tokens

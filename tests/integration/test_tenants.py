@@ -188,8 +188,12 @@ def test_queued_premium_request_is_scheduled_before_queued_batch_ones(tserver):
     first_scheduled = ("first_scheduled_time_ns",)
     perf = {"return_perf_metrics": np.array([[True]])}
     with ThreadPoolExecutor(12) as pool:
-        fillers = [pool.submit(generate, tserver.grpc_url, f"def filler_{i}(x):\n", 120 + 4 * i, tenant="other",
-                               min_tokens=np.array([[120 + 4 * i]], dtype=np.int32)) for i in range(8)]
+        # Long enough to keep the batch full while the others queue on a fast machine too (120 + 4i tokens ended
+        # before the batch-tier requests were seen waiting on a Zen 5 EPYC), and ending 40 steps apart, so that no
+        # two end in one step even when their admissions spread over a few steps (two slots at once would schedule
+        # the premium request and a batch-tier one in the same step).
+        fillers = [pool.submit(generate, tserver.grpc_url, f"def filler_{i}(x):\n", 600 + 40 * i, tenant="other",
+                               min_tokens=np.array([[600 + 40 * i]], dtype=np.int32)) for i in range(8)]
         active = metrics.wait_until(tserver.opts.metrics_port, "nv_trt_llm_request_metrics", lambda v: v >= 8,
                                     request_type="active")
         assert active == 8, active
