@@ -19,8 +19,8 @@ from tests.integration.launcher import Launcher, alive, wait_for
 from tests.integration.tenant_client import generate
 
 STREAMS = 16
-GRACE_S = 4.0
-SHORT = 32  # tokens: finishes within GRACE_S beside 15 other streams
+GRACE_S = 3.0
+SHORT = 16  # tokens: finishes within GRACE_S beside 15 other streams
 # Tokens of a stream that must outlast GRACE_S: as many as max_seq_len holds after the prompt, since a fixed 1000
 # ended within a 6 s grace on a Zen 5 EPYC.
 LONG = 2000

@@ -25,8 +25,8 @@ from tests.integration.tenant_client import Outcome, generate
 ERROR_AT_ONCE_S = 10.0  # a killed model's in-flight streams end with an error within this (measured: 1.3 s)
 NOT_READY_S = 5.0  # readiness turns false within this after a model process dies (measured: 1.3 s)
 BACK_S = 300.0  # a restarted server is ready again within this (measured: 25 s idle, 58 s with load 6)
-GRACE_S = 4.0
-SHORT_TOKENS = 40  # a stream that finishes well within GRACE_S beside 15 others
+GRACE_S = 3.0
+SHORT_TOKENS = 16  # a stream that finishes well within GRACE_S beside 15 others
 # A stream that must outlast GRACE_S: as many tokens as `make serve`'s max_seq_len (2048) holds after the prompt,
 # since a fixed 1000 ended within an 8 s grace on a Zen 5 EPYC.
 LONG_TOKENS = 2000
