@@ -23,7 +23,7 @@ _TUNABLE = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", 
             "max_tokens_in_paged_kv_cache", "batch_scheduler_policy", "engine_device", "engine_threads",
             "engine_adaptive_threads", "exclude_input_in_output", "enable_kv_cache_reuse", "tenant_header",
             "max_prompt_bytes", "decoupled_mode", "logits_datatype", "stop_by_request_id", "engine_cpus",
-            "bls_instance_count", "router_instance_count", "cuda_graph_mode")
+            "bls_instance_count", "router_instance_count", "cuda_graph_mode", "stream_interval")
 
 
 

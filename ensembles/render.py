@@ -45,6 +45,7 @@ class RepoSpec:
     # Unsafe, off: `stop` by Triton request id (the anchor's flow) instead of by the request's request_key.
     stop_by_request_id: bool = False
     cancellation_check_period_ms: int = 100
+    stream_interval: int = 1  # new tokens per streamed response, first and last excepted (vLLM's --stream-interval)
     preprocessing_instance_count: int = 1
     add_special_tokens: bool = False
     engine_device: str = "auto"  # cpu, cuda, cuda:N; auto: CUDA when present
@@ -69,8 +70,8 @@ class RepoSpec:
 
     def __post_init__(self) -> None:
         for name in ("triton_max_batch_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
-                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms", "max_prompt_bytes",
-                     "bls_instance_count", "router_instance_count"):
+                     "tokens_per_block", "preprocessing_instance_count", "cancellation_check_period_ms",
+                     "stream_interval", "max_prompt_bytes", "bls_instance_count", "router_instance_count"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):

@@ -100,11 +100,11 @@ def pin_process(cpus: set[int], pid: int | None = None) -> None:
 
 
 def start_server(model: artifacts.ModelArtifacts, reuse: bool, root: Path, threads: int,
-                 engine_cpus: str = "") -> TritonServer:
+                 engine_cpus: str = "", stream_interval: int = 1) -> TritonServer:
     """engine_cpus: RepoSpec.engine_cpus ("auto": the engine's step thread on CPUs of its own, tritonserver on the
-    others; backend/serving/cpu_placement.py)."""
+    others; backend/serving/cpu_placement.py); stream_interval: RepoSpec's (new tokens per streamed response)."""
     spec = RepoSpec(engine_dir=model.engine_dir, tokenizer_dir=model.tokenizer_dir, enable_kv_cache_reuse=reuse,
-                    engine_threads=threads, engine_cpus=engine_cpus, **LIMITS)
+                    engine_threads=threads, engine_cpus=engine_cpus, stream_interval=stream_interval, **LIMITS)
     repo = render(spec, root / f"repo-reuse-{reuse}")
     http, grpc, metrics = free_ports(3)
     split = spec.cpu_split()

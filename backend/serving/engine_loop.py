@@ -56,11 +56,14 @@ _WAKE = object()  # no command: only makes an idle loop go round once (and publi
 class EngineLoop:
     def __init__(self, engine: LLMEngine, cancel_check_period_s: float = 0.1,
                  on_stats: Callable[[EngineStats], None] | None = None, stats_period_s: float = 0.2,
-                 cpus: frozenset[int] | None = None) -> None:
+                 cpus: frozenset[int] | None = None, idle_stats_period_s: float = 1.0) -> None:
         self.engine = engine
         self.cancel_check_period_s = cancel_check_period_s
         self.on_stats = on_stats
         self.stats_period_s = stats_period_s
+        # An idle engine publishes again this often: a snapshot lost on its way (a metric update that failed) does
+        # not leave the gauges stale until the next request.
+        self.idle_stats_period_s = idle_stats_period_s
         self._last_stats = 0.0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
@@ -139,9 +142,10 @@ class EngineLoop:
             log.exception("publishing engine stats failed")
 
     def _drain(self, block: bool) -> bool:
-        """Apply queued commands; False once shutdown was asked for."""
+        """Apply queued commands (waiting up to idle_stats_period_s for one when block); False once shutdown was
+        asked for."""
         try:
-            cmd = self._inbox.get() if block else self._inbox.get_nowait()
+            cmd = self._inbox.get(timeout=self.idle_stats_period_s) if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
         while True:

@@ -16,6 +16,8 @@ from backend.policy.request_context import TenancyConfig
 from backend.serving.cpu_placement import check_engine_threads, parse_cpu_list
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+# The Python backend's own model parameters (read by Triton, not by our models).
+_BACKEND_PARAMETERS = frozenset({"EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS"})
 
 
 class ModelParameters:
@@ -23,6 +25,7 @@ class ModelParameters:
 
     def __init__(self, values: Mapping[str, str]) -> None:
         self._values = {k: v.strip() for k, v in values.items() if v.strip() and not v.strip().startswith("${")}
+        self._read: set[str] = set()  # names asked for: refuse_unread() refuses the others
 
     @classmethod
     def from_model_config(cls, model_config: Mapping[str, Any]) -> "ModelParameters":
@@ -31,17 +34,21 @@ class ModelParameters:
         return cls({k: str(v.get("string_value", "")) for k, v in params.items()})
 
     def has(self, name: str) -> bool:
+        self._read.add(name)
         return name in self._values
 
     def text(self, name: str, default: str | None = None) -> str | None:
+        self._read.add(name)
         return self._values.get(name, default)
 
     def required(self, name: str, what: str) -> str:
+        self._read.add(name)
         if name not in self._values:
             raise ValueError(f"parameter {name} ({what}) is required")
         return self._values[name]
 
     def flag(self, name: str, default: bool) -> bool:
+        self._read.add(name)
         value = self._values.get(name)
         if value is None:
             return default
@@ -58,6 +65,7 @@ class ModelParameters:
         return self._typed(name, default, float, "a number")
 
     def _typed(self, name: str, default, cast, what: str):
+        self._read.add(name)
         value = self._values.get(name)
         if value is None:
             return default
@@ -67,8 +75,19 @@ class ModelParameters:
             raise ValueError(f"parameter {name} must be {what}, got {value!r}") from None
 
     def path(self, name: str) -> Path | None:
+        self._read.add(name)
         value = self._values.get(name)
         return Path(value) if value is not None else None
+
+    def refuse_unread(self, model: str) -> None:
+        """Nothing set in a config.pbtxt is silently ignored: once a model has read its parameters, one with a value
+        that it never asked for (another backend's, e.g. tensorrtllm_backend's normalize_log_probs, or a typo) fails
+        the load, naming it. Unset, empty and unrendered ${...} ones are fine."""
+        unread = sorted(set(self._values) - self._read - _BACKEND_PARAMETERS)
+        if unread:
+            named = ", ".join(f"{k}={self._values[k]!r}" for k in unread)
+            raise ValueError(f"{model}: config.pbtxt parameter(s) {named} not supported by this model (nothing here "
+                             "reads them): remove them or leave them empty")
 
 
 def engine_config(p: ModelParameters) -> EngineConfig:
@@ -91,6 +110,21 @@ def engine_config(p: ModelParameters) -> EngineConfig:
         adaptive_threads=p.flag("engine_adaptive_threads", engine_default("adaptive_threads")),
         cuda_graph_mode=cuda_graph_mode(p),
     )
+
+
+# tensorrtllm_backend parameters whose only values here are what this engine does: accepted at those, refused
+# (naming the parameter) otherwise.
+_ANCHOR_CONSTANTS = {
+    "max_beam_width": (("1",), "beam search is not supported"),
+    "gpt_model_type": (("inflight_fused_batching", "inflight_batching"), "requests are always batched in flight"),
+}
+
+
+def check_anchor_constants(p: ModelParameters) -> None:
+    for name, (allowed, why) in _ANCHOR_CONSTANTS.items():
+        value = p.text(name)
+        if value is not None and value.lower() not in allowed:
+            raise ValueError(f"parameter {name} must be {' or '.join(allowed)} ({why}), got {value!r}")
 
 
 def cuda_graph_mode(p: ModelParameters) -> str:
@@ -123,8 +157,14 @@ class ServingConfig:
     # CPUs the engine's step thread (and its OpenMP threads) runs on; None: anywhere. The launcher keeps
     # tritonserver off them (backend/serving/cpu_placement.py).
     engine_cpus: frozenset[int] | None = None
+    # Streamed responses carry at least this many new tokens (vLLM's --stream-interval): each response costs a send,
+    # and in the ensemble a postprocessing execution, whatever it holds. The first and the last response of a row
+    # go out at once; 1 sends every token as soon as it is made (backend/serving/triton_io.py's RowStream).
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1 (tokens per streamed response), got {self.stream_interval}")
         if not self.cancellation_check_period_s > 0:
             raise ValueError("cancellation_check_period_ms must be a positive number of milliseconds, got "
                              f"{self.cancellation_check_period_s * 1000:g}")
@@ -133,6 +173,7 @@ class ServingConfig:
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "ServingConfig":
+        check_anchor_constants(p)
         return cls(
             engine_dir=Path(p.required("gpt_model_path", "the checkpoint or engine directory")),
             engine=engine_config(p),
@@ -143,7 +184,9 @@ class ServingConfig:
                                   tenant_header=p.text("tenant_header", TenancyConfig.tenant_header)),
             stop_by_request_id=p.flag("stop_by_request_id", False),
             engine_cpus=parse_cpu_list(p.text("engine_cpus")) if p.has("engine_cpus") else None,
+            stream_interval=p.integer("stream_interval", 1),
         )
+
 
 
 @dataclass(frozen=True)
@@ -157,6 +200,20 @@ class PreprocessingConfig:
         return cls(tokenizer_dir=Path(p.required("tokenizer_dir", "the HF tokenizer files")),
                    add_special_tokens=p.flag("add_special_tokens", False),
                    max_prompt_bytes=p.integer("max_prompt_bytes", None))
+
+
+@dataclass(frozen=True)
+class BlsConfig:
+    """tensorrt_llm_bls: preprocessing's parameters, the LLM model it calls and where `stop` goes."""
+
+    pre: PreprocessingConfig
+    llm_model: str = "tensorrt_llm"
+    stop_model: str = "tensorrt_llm"  # the canary router's repository: the LLM model itself, by served version
+
+    @classmethod
+    def from_parameters(cls, p: ModelParameters) -> "BlsConfig":
+        llm = p.text("tensorrt_llm_model_name", "tensorrt_llm")
+        return cls(pre=PreprocessingConfig.from_parameters(p), llm_model=llm, stop_model=p.text("stop_model", llm))
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,7 @@ class RowStream:
     made: int = 0  # streamed responses handed out to be sent (the engine thread counts them)
     delivered: int = 0  # ... and gone out (the send thread counts them, through sent())
     made_at: float = 0.0  # time.monotonic() of the last one
+    interval: int = 1  # streaming: new tokens a response waits for, its row's first and last excepted
 
     def __post_init__(self) -> None:
         if not self.row.exclude_input_in_output and not self.row.streaming:
@@ -227,7 +228,8 @@ class RowStream:
         self.pending.extend(out.new_token_ids)
         self.pending_log_probs.extend(out.new_log_probs)
         self.pending_top.extend(out.new_top_log_probs)
-        if not out.finished and (not self.row.streaming or not out.new_token_ids or self._behind()):
+        if not out.finished and (not self.row.streaming or not out.new_token_ids or self._behind()
+                                 or 0 < self.made and len(self.pending) < self.interval):
             return None
         tensors = self._tensors(out)
         self.emitted.extend(self.pending)

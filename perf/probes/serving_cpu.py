@@ -67,6 +67,8 @@ def busy_seconds() -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="the served model's stream_interval (new tokens per streamed response)")
     args = parser.parse_args()
     settings = argparse.Namespace(requests_per_stream=2, prompt_len=128, new_tokens=TOKENS, threads=1)
     torch.set_num_threads(1)
@@ -75,7 +77,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(model.tokenizer_dir))
     work = br.Workload.from_heldout(tok, REQUESTS, settings.prompt_len)
     engine = br.warm_engine(model, tok, settings)
-    server = br.start_server(model, False, br.OUT, 1, "auto")
+    server = br.start_server(model, False, br.OUT, 1, "auto", args.stream_interval)
     try:
         br.warm_server(server, tok)
         br.pin_process(server.opts.cpus)  # this process (the in-process engine, perf_analyzer) beside tritonserver

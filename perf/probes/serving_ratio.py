@@ -87,6 +87,8 @@ def main() -> None:
     parser.add_argument("--requests-per-stream", type=int, default=2, help="closed loop: requests each stream sends")
     parser.add_argument("--pin", choices=("process", "thread", "engine-only", "engine-cpus"),
                         help="where the served engine runs (module docstring)")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="the served model's stream_interval (new tokens per streamed response)")
     args = parser.parse_args()
     args.prompt_len, args.new_tokens, args.threads = 128, 128, 1
     torch.set_num_threads(args.threads)
@@ -94,7 +96,8 @@ def main() -> None:
     model = artifacts.demo()
     tok = AutoTokenizer.from_pretrained(str(model.tokenizer_dir))
     engine = br.warm_engine(model, tok, args)
-    server = br.start_server(model, False, br.OUT, args.threads, "auto" if args.pin == "engine-cpus" else "")
+    server = br.start_server(model, False, br.OUT, args.threads, "auto" if args.pin == "engine-cpus" else "",
+                             args.stream_interval)
     try:
         br.warm_server(server, tok)
         if args.pin == "engine-cpus":  # perf_analyzer and the in-process engine where tritonserver runs

@@ -24,6 +24,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = ModelParameters.from_model_config(json.loads(args["model_config"]))
         config = PreprocessingConfig.from_parameters(params)
+        params.refuse_unread(args["model_name"])
         self.pre = Preprocessor(config.tokenizer_dir, add_special_tokens=config.add_special_tokens,
                                 max_prompt_bytes=config.max_prompt_bytes)
 

@@ -45,6 +45,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = ModelParameters.from_model_config(config)
         router = RouterConfig.from_parameters(params)
+        params.refuse_unread(args["model_name"])
         self.llm = router.llm_model
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "served_version"]

@@ -125,7 +125,9 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.input_names = [i["name"] for i in config["input"]]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.serving = ServingConfig.from_parameters(ModelParameters.from_model_config(config))
+        params = ModelParameters.from_model_config(config)
+        self.serving = ServingConfig.from_parameters(params)
+        params.refuse_unread(args["model_name"])
         # A version folder with an artifact.json serves its own build (backend/formats/versions.py).
         artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir
@@ -231,7 +233,8 @@ class TritonPythonModel:
             tenant = lease.ticket.tenant  # tier -> scheduler priority; salted tenants share no cached blocks
             request = Request(engine_id, row.prompt_ids, row.sampling, cache_salt=tenant.cache_salt,
                               priority=tenant.priority)
-            stream = RowStream(row, key, ack=self.acks.lease() if row.streaming and self.acks else None)
+            stream = RowStream(row, key, ack=self.acks.lease() if row.streaming and self.acks else None,
+                               interval=self.serving.stream_interval)
             self.loop.submit(request, _RowSink(group, watched, stream, self.metrics, lease))
 
     def _forget(self, triton_id, key, watched):

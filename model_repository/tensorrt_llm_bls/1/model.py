@@ -17,7 +17,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 
 from backend.errors import InvalidRequestError
 from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_outputs, llm_inputs
-from backend.serving.parameters import ModelParameters, PreprocessingConfig
+from backend.serving.parameters import BlsConfig, ModelParameters
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.postprocess import Postprocessor
 from backend.serving.preprocess import Preprocessor
@@ -36,12 +36,13 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = ModelParameters.from_model_config(config)
-        pre = PreprocessingConfig.from_parameters(params)
+        bls = BlsConfig.from_parameters(params)
+        params.refuse_unread(args["model_name"])
+        pre = bls.pre
         self.pre = Preprocessor(pre.tokenizer_dir, add_special_tokens=pre.add_special_tokens,
                                 max_prompt_bytes=pre.max_prompt_bytes)
         self.post = Postprocessor(pre.tokenizer_dir)
-        self.llm = params.text("tensorrt_llm_model_name", "tensorrt_llm")
-        self.stop_model = params.text("stop_model", self.llm)
+        self.llm, self.stop_model = bls.llm_model, bls.stop_model
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] not in DERIVED_OUTPUTS]

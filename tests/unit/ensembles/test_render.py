@@ -3,9 +3,11 @@ that has them; tensorrt_llm_bls is rendered beside the ensemble."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
+from backend.serving import parameters as pp
 from ensembles.canary_render import render_canary
 from ensembles.cli import _parser, server_cpus_of
 from ensembles.render import RepoSpec, render
@@ -42,6 +44,43 @@ def test_cuda_graph_mode_renders_and_is_checked(fake_model, tmp_path):
     assert '"cuda_graph_mode" value: { string_value: "false" }' in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     with pytest.raises(ValueError, match="cuda_graph_mode must be true, false or auto, got 'always'"):
         RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, cuda_graph_mode="always")
+
+
+# What each model.py reads its parameters with (then refuse_unread: nothing set is ignored).
+READERS = {"tensorrt_llm": pp.ServingConfig, "preprocessing": pp.PreprocessingConfig,
+           "postprocessing": pp.PostprocessingConfig, "tensorrt_llm_bls": pp.BlsConfig, "router": pp.RouterConfig}
+
+
+def rendered_parameters(config_pbtxt) -> pp.ModelParameters:
+    return pp.ModelParameters(dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}',
+                                           config_pbtxt.read_text())))
+
+
+@pytest.mark.parametrize("canary", [False, True])
+def test_every_rendered_parameter_is_read_by_its_model(fake_model, tmp_path, canary):
+    engine, tokenizer = fake_model
+    spec = RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, engine_threads=1)
+    repo = (render_canary if canary else render)(spec, tmp_path / "repo")
+    checked = []
+    for config in sorted(repo.glob("*/config.pbtxt")):
+        model = config.parent.name
+        if model in READERS:
+            params = rendered_parameters(config)
+            READERS[model].from_parameters(params)
+            params.refuse_unread(model)
+            checked.append(model)
+    assert set(checked) == set(READERS) - (set() if canary else {"router"})
+
+
+def test_stream_interval_renders_into_what_tensorrt_llm_reads(fake_model, tmp_path):
+    engine, tokenizer = fake_model
+    args = _parser().parse_args(["render", "--demo", "--stream-interval", "4"])
+    repo = render(RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, stream_interval=args.stream_interval),
+                  tmp_path / "repo")
+    params = rendered_parameters(repo / "tensorrt_llm" / "config.pbtxt")
+    assert pp.ServingConfig.from_parameters(params).stream_interval == 4
+    with pytest.raises(ValueError, match="stream_interval must be > 0, got 0"):
+        RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, stream_interval=0)
 
 
 def test_cli_takes_decoupled_mode():

@@ -191,6 +191,19 @@ def test_wake_publishes_stats_of_an_idle_engine(engine):
         loop.shutdown()
 
 
+def test_an_idle_engine_publishes_its_stats_again_and_again(engine):
+    """A snapshot lost on its way to the metrics (an update that failed) must not leave the gauges stale while the
+    engine waits for requests: the idle loop publishes every idle_stats_period_s without steps."""
+    published: queue.Queue = queue.Queue()
+    loop = EngineLoop(engine, on_stats=lambda stats: published.put(stats), idle_stats_period_s=0.05)
+    try:
+        snapshots = [published.get(timeout=TIMEOUT_S) for _ in range(4)]
+        assert {s.free_blocks for s in snapshots} == {engine.blocks.num_blocks}
+        assert engine.iterations == 0  # published, not stepped
+    finally:
+        loop.shutdown()
+
+
 def test_inflight_counts_requests_until_they_end_and_fail_all_ends_the_rest(loop, prompts):
     """What the launcher's drain reads (EngineLoop.inflight), and the end of a shutdown's grace period."""
     short = QueueSink()

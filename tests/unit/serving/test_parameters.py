@@ -9,6 +9,7 @@ import pytest
 
 from backend.engine.config import EngineConfig, SchedulerPolicy
 from backend.serving.parameters import (
+    BlsConfig,
     ModelParameters,
     PostprocessingConfig,
     PreprocessingConfig,
@@ -110,6 +111,18 @@ def test_enable_kv_cache_reuse_has_one_default():
     assert RepoSpec.__dataclass_fields__["enable_kv_cache_reuse"].default is True
 
 
+@pytest.mark.parametrize("value, interval", [(None, 1), ("${stream_interval}", 1), ("1", 1), ("4", 4)])
+def test_stream_interval_is_read(value, interval):
+    params = {"gpt_model_path": "/ckpt"} | ({} if value is None else {"stream_interval": value})
+    assert ServingConfig.from_parameters(ModelParameters(params)).stream_interval == interval
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_stream_interval_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="stream_interval"):
+        ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "stream_interval": value}))
+
+
 def test_cancellation_check_period_must_be_positive():
     from backend.serving.parameters import ServingConfig
 
@@ -127,3 +140,32 @@ def test_cuda_graph_mode_takes_the_anchors_boolean_or_auto(value, mode):
 def test_a_bad_cuda_graph_mode_is_refused_by_name():
     with pytest.raises(ValueError, match="parameter cuda_graph_mode must be true, false or auto, got 'sometimes'"):
         ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "cuda_graph_mode": "sometimes"}))
+
+
+def test_a_parameter_no_model_reads_is_refused_by_name():
+    """Nothing set in a config.pbtxt is silently ignored: tensorrtllm_backend's parameters this engine does not
+    implement, and typos, fail the load naming them; unset, empty and ${...} values do not."""
+    params = ModelParameters({"gpt_model_path": "/ckpt", "normalize_log_probs": "false", "enable_kv_cache_resue": "1",
+                              "gpu_device_ids": "", "lora_cache_optimal_adapter_size": "${lora_cache_size}",
+                              "FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
+    ServingConfig.from_parameters(params)
+    with pytest.raises(ValueError, match=r"tensorrt_llm: config.pbtxt parameter\(s\) enable_kv_cache_resue='1', "
+                                         r"normalize_log_probs='false' not supported by this model"):
+        params.refuse_unread("tensorrt_llm")
+    known = ModelParameters({"gpt_model_path": "/ckpt", "stream_interval": "2", "max_beam_width": "1"})
+    ServingConfig.from_parameters(known)
+    known.refuse_unread("tensorrt_llm")
+
+
+@pytest.mark.parametrize("name, value", [("max_beam_width", "4"), ("gpt_model_type", "V1")])
+def test_anchor_parameters_are_accepted_only_at_what_this_engine_does(name, value):
+    ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", "max_beam_width": "1",
+                                                   "gpt_model_type": "inflight_fused_batching"}))
+    with pytest.raises(ValueError, match=f"parameter {name} must be .*, got '{value}'"):
+        ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", name: value}))
+
+
+def test_bls_parameters():
+    bls = BlsConfig.from_parameters(ModelParameters({"tokenizer_dir": "/tok", "tensorrt_llm_model_name": "router"}))
+    assert (bls.llm_model, bls.stop_model, bls.pre.tokenizer_dir) == ("router", "router", Path("/tok"))
+    assert BlsConfig.from_parameters(ModelParameters({"tokenizer_dir": "/t", "stop_model": "x"})).stop_model == "x"

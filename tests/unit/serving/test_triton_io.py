@@ -128,10 +128,10 @@ def test_word_list_anchor_format():
 PROMPT = (11, 12, 13)
 
 
-def stream(streaming: bool, exclude_input: bool = True, **sampling) -> RowStream:
+def stream(streaming: bool, exclude_input: bool = True, interval: int = 1, **sampling) -> RowStream:
     row = ParsedRow(PROMPT, SamplingParams(max_tokens=20, **sampling), streaming=streaming,
                     exclude_input_in_output=exclude_input, return_num_input_tokens=True, return_num_output_tokens=True)
-    return RowStream(dataclasses.replace(row, batch_index=3, batch_size=4))
+    return RowStream(dataclasses.replace(row, batch_index=3, batch_size=4), interval=interval)
 
 
 def outputs(tokens: list[int], log_probs: list[float] | None = None) -> list[RequestOutput]:
@@ -187,6 +187,25 @@ def test_a_streamed_row_behind_its_sends_merges_tokens_until_its_last_response_w
     final = rs.on_output(outs[5])  # a row's last output goes out whatever is queued: nothing is left behind
     assert final["output_ids"].tolist() == [[[104, 105]]] and final["stream_final"].tolist() == [[True]]
     assert final["stream_context_ids"].tolist() == [[[100, 101, 102, 103]]]
+
+
+@pytest.mark.parametrize("interval, sizes", [(1, [1] * 8), (3, [1, 3, 3, 1]), (4, [1, 4, 3]), (8, [1, 7]),
+                                             (20, [1, 7])])
+def test_stream_interval_sends_that_many_tokens_a_response_but_the_first_and_the_last(interval, sizes):
+    """vLLM's --stream-interval: the first token goes out at once (time to first token), later responses wait for
+    `interval` new tokens, and the row's last output goes out with whatever is left."""
+    tokens, lps = list(range(100, 108)), [-0.25 * (i + 1) for i in range(8)]
+    sent = responses(stream(streaming=True, interval=interval, return_log_probs=True), outputs(tokens, lps))
+    assert [r["output_ids"].shape[-1] for r in sent] == sizes
+    assert [t for r in sent for t in r["output_ids"].reshape(-1).tolist()] == tokens
+    assert [p for r in sent for p in r["output_log_probs"].reshape(-1).tolist()] == lps
+    assert [r["num_output_tokens"].tolist() for r in sent] == [[[n]] for n in sizes]
+    assert [r["stream_final"].tolist() for r in sent] == [[[False]]] * (len(sizes) - 1) + [[[True]]]
+
+
+def test_stream_interval_does_not_hold_a_non_streamed_row():
+    sent = responses(stream(streaming=False, interval=4), outputs([100, 101, 102]))
+    assert [r["output_ids"].tolist() for r in sent] == [[[[100, 101, 102]]]]
 
 
 def test_a_streamed_row_acked_by_postprocessing_waits_for_the_ack_of_its_last_response(tmp_path, monkeypatch):
