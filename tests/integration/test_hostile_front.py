@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from client import GenerationRequest, HttpLLMClient
+from tests.integration.conftest import MAX_SEQ_LEN
 from tests.integration.oracle import hf_text
 from tests.integration.tenant_client import generate
 
@@ -104,25 +105,29 @@ def test_too_many_sequences_in_one_completion_request_are_refused(server, oai):
 def test_a_huge_list_of_wrong_items_is_refused_without_stalling_other_streams(server, oai):
     """6 MB of integers where prompt strings go: refused before pydantic builds an error per element, while a
     stream in flight keeps receiving tokens."""
-    gaps, done = [], threading.Event()
+    gaps, arrivals, first, done = [], [], threading.Event(), threading.Event()
+    long = MAX_SEQ_LEN - 24  # as many tokens as the server holds: the stream must outlast the refused request
 
     def stream() -> None:
         last = time.monotonic()
-        for _ in oai.completions.create(model="ensemble", prompt="def ", max_tokens=400, stream=True,
-                                        extra_body={"min_tokens": 400}):
+        for _ in oai.completions.create(model="ensemble", prompt="def ", max_tokens=long, stream=True,
+                                        extra_body={"min_tokens": long}):
             now = time.monotonic()
             gaps.append(now - last)
+            arrivals.append(now)
             last = now
+            first.set()
         done.set()
 
     worker = threading.Thread(target=stream)
     worker.start()
-    time.sleep(1.0)
+    assert first.wait(60)  # the stream is generating (not a fixed wait, which a fast machine's stream outruns)
     started = time.monotonic()
     resp = _post(f"{server.openai_url}/completions",
                  b'{"model": "ensemble", "max_tokens": 4, "prompt": [' + b"0," * 3_000_000 + b'0]}')
-    took = time.monotonic() - started
+    refused_at = time.monotonic()
     worker.join(120)
     assert resp.status_code == 400 and "holds 3000001 items" in resp.text, resp.text[:300]
-    assert took < 5, took
+    assert refused_at - started < 5, refused_at - started
     assert done.is_set() and max(gaps) < 5, max(gaps)
+    assert arrivals[-1] > refused_at, "the stream ended before the refused request did: nothing ran beside it"
