@@ -28,22 +28,23 @@ class Decoder(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def decode_text(tokenizer: Decoder, ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=True)
+def decode_text(tokenizer: Decoder, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
 class _Decodes:
     """decode_text with each distinct id run decoded once: one decode_delta decodes its whole window up to three
     times (the character-start probe, the settled text, the final text), a tokenizer call each."""
 
-    def __init__(self, tokenizer: Decoder) -> None:
+    def __init__(self, tokenizer: Decoder, skip_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.seen: dict[tuple[int, ...], str] = {}
 
     def __call__(self, ids: list[int]) -> str:
         key = tuple(ids)
         if key not in self.seen:
-            self.seen[key] = decode_text(self.tokenizer, key)
+            self.seen[key] = decode_text(self.tokenizer, key, self.skip_special_tokens)
         return self.seen[key]
 
 
@@ -75,10 +76,12 @@ def _char_start(decode: _Decodes, ids: list[int], limit: int) -> int:
     return 0
 
 
-def decode_delta(tokenizer: Decoder, context_ids: Sequence[int], new_ids: Sequence[int], final: bool) -> str:
-    """The text that new_ids add after context_ids (see the module's invariant)."""
+def decode_delta(tokenizer: Decoder, context_ids: Sequence[int], new_ids: Sequence[int], final: bool,
+                 skip_special_tokens: bool = True) -> str:
+    """The text that new_ids add after context_ids (see the module's invariant; the tokenizer's decode with
+    skip_special_tokens as given)."""
     ids = list(context_ids) + list(new_ids)
-    decode = _Decodes(tokenizer)
+    decode = _Decodes(tokenizer, skip_special_tokens)
     # A context cut mid-character decodes its first bytes as U+FFFD (a byte-fallback decoder: its whole byte run).
     start = _char_start(decode, ids, len(context_ids))
     before = _settled(decode, ids[start : len(context_ids)])

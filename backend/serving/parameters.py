@@ -209,22 +209,27 @@ class BlsConfig:
     pre: PreprocessingConfig
     llm_model: str = "tensorrt_llm"
     stop_model: str = "tensorrt_llm"  # the canary router's repository: the LLM model itself, by served version
+    skip_special_tokens: bool = True  # as postprocessing's
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "BlsConfig":
         llm = p.text("tensorrt_llm_model_name", "tensorrt_llm")
-        return cls(pre=PreprocessingConfig.from_parameters(p), llm_model=llm, stop_model=p.text("stop_model", llm))
+        return cls(pre=PreprocessingConfig.from_parameters(p), llm_model=llm, stop_model=p.text("stop_model", llm),
+                   skip_special_tokens=p.flag("skip_special_tokens", True))
 
 
 @dataclass(frozen=True)
 class PostprocessingConfig:
     tokenizer_dir: Path
     stop_model: str = "tensorrt_llm"  # where `stop` goes: the LLM model (its version given by SERVED_VERSION)
+    # The anchor's postprocessing parameter: special tokens (a chat template's markers) left out of the text.
+    skip_special_tokens: bool = True
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "PostprocessingConfig":
         return cls(tokenizer_dir=Path(p.required("tokenizer_dir", "the HF tokenizer files")),
-                   stop_model=p.text("stop_model", "tensorrt_llm"))
+                   stop_model=p.text("stop_model", "tensorrt_llm"),
+                   skip_special_tokens=p.flag("skip_special_tokens", True))
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from backend.serving.preprocess import load_tokenizer
 
 
 class Postprocessor:
-    def __init__(self, tokenizer_dir: str | Path) -> None:
+    def __init__(self, tokenizer_dir: str | Path, skip_special_tokens: bool = True) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.skip_special_tokens = skip_special_tokens  # the anchor's postprocessing parameter (default true)
         self.vocab_size = len(self.tokenizer)  # ids the tokenizer can turn into text
 
     def texts(
@@ -32,7 +33,8 @@ class Postprocessor:
             for k in range(beams):
                 new = tokens[b, k, : int(lengths[b, k])].tolist()
                 ctx = context[b, k].tolist() if context is not None and context.size else []
-                out[b * beams + k] = decode_delta(self.tokenizer, ctx, new, is_final).encode("utf-8")
+                text = decode_delta(self.tokenizer, ctx, new, is_final, self.skip_special_tokens)
+                out[b * beams + k] = text.encode("utf-8")
         return out
 
     def _check(self, tokens: np.ndarray, lengths: np.ndarray, context: np.ndarray | None) -> None:

@@ -34,7 +34,7 @@ class TritonPythonModel:
         params = ModelParameters.from_model_config(json.loads(args["model_config"]))
         config = PostprocessingConfig.from_parameters(params)
         params.refuse_unread(args["model_name"])
-        self.post = Postprocessor(config.tokenizer_dir)
+        self.post = Postprocessor(config.tokenizer_dir, config.skip_special_tokens)
         self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
         # is_cancelled() per streamed token was one IPC round trip per token: ask at most every 0.1 s per stream.
         self.polls = CancelPolls(period_s=0.1)

@@ -41,7 +41,7 @@ class TritonPythonModel:
         pre = bls.pre
         self.pre = Preprocessor(pre.tokenizer_dir, add_special_tokens=pre.add_special_tokens,
                                 max_prompt_bytes=pre.max_prompt_bytes)
-        self.post = Postprocessor(pre.tokenizer_dir)
+        self.post = Postprocessor(pre.tokenizer_dir, bls.skip_special_tokens)
         self.llm, self.stop_model = bls.llm_model, bls.stop_model
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.input_names = [i["name"] for i in config["input"]]

@@ -70,12 +70,13 @@ def random_chunks(ids: list[int], rng: random.Random) -> list[list[int]]:
     return chunks
 
 
-def streamed(tok, chunks: list[list[int]]) -> str:
+def streamed(tok, chunks: list[list[int]], skip_special_tokens: bool = True) -> str:
     """What a streaming client shows: each chunk decoded with the last CONTEXT_TOKENS ids sent before it."""
     sent: list[int] = []
     parts = []
     for k, chunk in enumerate(chunks):
-        parts.append(decode_delta(tok, sent[-CONTEXT_TOKENS:], chunk, final=k == len(chunks) - 1))
+        parts.append(decode_delta(tok, sent[-CONTEXT_TOKENS:], chunk, final=k == len(chunks) - 1,
+                                  skip_special_tokens=skip_special_tokens))
         sent.extend(chunk)
     return "".join(parts)
 
@@ -95,6 +96,24 @@ def test_streamed_chunks_concatenate_to_the_full_decode(tokenizer):
         assert streamed(tokenizer, chunks) == full, (ids, chunks)
         naive_differs += naive(tokenizer, chunks) != full
     assert naive_differs > 0  # the reason this module exists
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens_are_kept_or_skipped_as_asked_and_the_invariant_holds(tokenizer, skip):
+    """postprocessing's skip_special_tokens (the anchor's parameter): special tokens (a chat template's markers, the
+    end token) among the ids are left out of the text, or spelled out, in streamed chunks as in the whole decode."""
+    rng = random.Random(77)
+    special = tokenizer.all_special_ids
+    assert special
+    spelled = 0
+    for _ in range(100):
+        ids = []  # special tokens between pieces of text (inside a character a byte-fallback decoder breaks it)
+        for _ in range(rng.randint(1, 3)):
+            ids += tokenizer.encode(random_text(rng), add_special_tokens=False) + [rng.choice(special)]
+        full = tokenizer.decode(ids, skip_special_tokens=skip)
+        assert streamed(tokenizer, random_chunks(ids, rng), skip_special_tokens=skip) == full, ids
+        spelled += any(tokenizer.convert_ids_to_tokens(t) in full for t in special)
+    assert spelled == (0 if skip else 100)
 
 
 def test_byte_level_holds_for_any_ids_even_invalid_utf8(demo_tokenizer):

@@ -165,6 +165,14 @@ def test_anchor_parameters_are_accepted_only_at_what_this_engine_does(name, valu
         ServingConfig.from_parameters(ModelParameters({"gpt_model_path": "/ckpt", name: value}))
 
 
+def test_skip_special_tokens_is_the_anchors_postprocessing_flag():
+    assert PostprocessingConfig.from_parameters(ModelParameters({"tokenizer_dir": "/t"})).skip_special_tokens is True
+    params = ModelParameters({"tokenizer_dir": "/t", "skip_special_tokens": "false"})
+    assert PostprocessingConfig.from_parameters(params).skip_special_tokens is False
+    assert BlsConfig.from_parameters(params).skip_special_tokens is False
+    params.refuse_unread("postprocessing")
+
+
 def test_bls_parameters():
     bls = BlsConfig.from_parameters(ModelParameters({"tokenizer_dir": "/tok", "tensorrt_llm_model_name": "router"}))
     assert (bls.llm_model, bls.stop_model, bls.pre.tokenizer_dir) == ("router", "router", Path("/tok"))
