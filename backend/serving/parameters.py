@@ -188,7 +188,6 @@ class ServingConfig:
         )
 
 
-
 @dataclass(frozen=True)
 class PreprocessingConfig:
     tokenizer_dir: Path

@@ -2,7 +2,8 @@
 row_ops.cpp, bound in bindings.cpp) as one torch JIT extension.
 
 Built once per machine and source (the build directory's name carries a hash of the sources, the compiler flags, the
-torch version and the CPU's feature flags, since it is compiled for this CPU: -march=native) under
+torch version and the CPU's feature flags, since it is compiled for this CPU: -march=native, or the instruction set
+TRITONLLM_KERNEL_MARCH names, e.g. x86-64-v3 to run the AVX2 code paths on an AVX-512 CPU) under
 `$TRITONLLM_CACHE/kernels`, else `<repo>/.cache/kernels`: about a minute on 2 cores, then a load takes milliseconds.
 `python -m backend.model.kernels.build` builds it ahead of time (`make kernels` does), so that no model process
 compiles while a server starts.
@@ -32,7 +33,7 @@ HEADERS = tuple(HERE / name for name in ("kernels.h",))
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs serially unless the code is compiled with OpenMP.
 # The library links against the OpenMP runtime torch has loaded (openmp_runtimes()), so that the process keeps one
 # runtime: one thread pool, and torch.set_num_threads governs the kernels too.
-CFLAGS = ("-O3", "-march=native", "-fopenmp")
+CFLAGS = ("-O3", f"-march={os.environ.get('TRITONLLM_KERNEL_MARCH') or 'native'}", "-fopenmp")
 _OPENMP = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so[^/]*$")
 
 

@@ -5,6 +5,7 @@ that compiles in seconds, in a temporary directory, so they say what happens to 
 """
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -156,3 +157,29 @@ def test_the_kernels_compile_as_cpp17_for_every_instruction_set(march):
         if proc.returncode != 0:
             failures.append(f"{source.name} (-march={march}):\n{err[-2000:]}")
     assert not failures, "\n".join(failures)
+
+
+# The kernels' tests whose code paths differ between AVX2 and AVX-512 builds (paged_decode.cpp's vector widths,
+# row_ops.cpp, which is exact only beside ATen's AVX2 kernels, f32_gemv.cpp and the decode layers around them).
+AVX2_PATH_TESTS = ("test_paged_decode.py", "test_row_ops.py", "test_f32_gemv.py", "test_decode_layers.py",
+                   "test_prepacked_linear.py")
+
+
+@pytest.mark.skipif("avx512f" not in build._cpu_flags().split() or shutil.which("c++") is None,
+                    reason="an AVX-512 CPU with a compiler (elsewhere the native build is the AVX2 one: its tests run)")
+def test_the_avx2_code_paths_pass_their_tests_on_this_avx512_cpu():
+    """The issue's machines have AVX2 and no AVX-512: on a CPU with AVX-512, build the kernels for x86-64-v3
+    (TRITONLLM_KERNEL_MARCH) and run ATen's AVX2 kernels (ATEN_CPU_CAPABILITY), so that the AVX2 branches and the
+    fused row operations are tested here too instead of skipped or never compiled."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "TRITONLLM_KERNEL_MARCH": "x86-64-v3", "ATEN_CPU_CAPABILITY": "avx2"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           *[str(here / name) for name in AVX2_PATH_TESTS]],
+                          cwd=here.parents[2], env=env, capture_output=True, text=True, timeout=1800)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    # Only the AVX-512 BF16 kernels may be missing from an x86-64-v3 build; the row operations and the float32 GEMV ran.
+    assert not [line for line in skipped if "row operations" in line or "float32 GEMV" in line or "build" in line], \
+        skipped
+    assert [line for line in skipped if "bf16 GEMV" in line], "the native build ran, not the x86-64-v3 one"
