@@ -33,23 +33,26 @@ class ModelParameters:
         params = model_config.get("parameters", {}) or {}
         return cls({k: str(v.get("string_value", "")) for k, v in params.items()})
 
-    def has(self, name: str) -> bool:
+    def _get(self, name: str) -> str | None:
+        """The value set for name, if any; every reader goes through here, so that name counts as read."""
         self._read.add(name)
-        return name in self._values
+        return self._values.get(name)
+
+    def has(self, name: str) -> bool:
+        return self._get(name) is not None
 
     def text(self, name: str, default: str | None = None) -> str | None:
-        self._read.add(name)
-        return self._values.get(name, default)
+        value = self._get(name)
+        return default if value is None else value
 
     def required(self, name: str, what: str) -> str:
-        self._read.add(name)
-        if name not in self._values:
+        value = self._get(name)
+        if value is None:
             raise ValueError(f"parameter {name} ({what}) is required")
-        return self._values[name]
+        return value
 
     def flag(self, name: str, default: bool) -> bool:
-        self._read.add(name)
-        value = self._values.get(name)
+        value = self._get(name)
         if value is None:
             return default
         if value.lower() in _TRUE:
@@ -65,8 +68,7 @@ class ModelParameters:
         return self._typed(name, default, float, "a number")
 
     def _typed(self, name: str, default, cast, what: str):
-        self._read.add(name)
-        value = self._values.get(name)
+        value = self._get(name)
         if value is None:
             return default
         try:
@@ -75,8 +77,7 @@ class ModelParameters:
             raise ValueError(f"parameter {name} must be {what}, got {value!r}") from None
 
     def path(self, name: str) -> Path | None:
-        self._read.add(name)
-        value = self._values.get(name)
+        value = self._get(name)
         return Path(value) if value is not None else None
 
     def refuse_unread(self, model: str) -> None:
@@ -184,7 +185,7 @@ class ServingConfig:
                                   tenant_header=p.text("tenant_header", TenancyConfig.tenant_header)),
             stop_by_request_id=p.flag("stop_by_request_id", False),
             engine_cpus=parse_cpu_list(p.text("engine_cpus")) if p.has("engine_cpus") else None,
-            stream_interval=p.integer("stream_interval", 1),
+            stream_interval=p.integer("stream_interval", cls.stream_interval),
         )
 
 
@@ -214,7 +215,7 @@ class BlsConfig:
     def from_parameters(cls, p: ModelParameters) -> "BlsConfig":
         llm = p.text("tensorrt_llm_model_name", "tensorrt_llm")
         return cls(pre=PreprocessingConfig.from_parameters(p), llm_model=llm, stop_model=p.text("stop_model", llm),
-                   skip_special_tokens=p.flag("skip_special_tokens", True))
+                   skip_special_tokens=p.flag("skip_special_tokens", cls.skip_special_tokens))
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ class PostprocessingConfig:
     def from_parameters(cls, p: ModelParameters) -> "PostprocessingConfig":
         return cls(tokenizer_dir=Path(p.required("tokenizer_dir", "the HF tokenizer files")),
                    stop_model=p.text("stop_model", "tensorrt_llm"),
-                   skip_special_tokens=p.flag("skip_special_tokens", True))
+                   skip_special_tokens=p.flag("skip_special_tokens", cls.skip_special_tokens))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ that has them; tensorrt_llm_bls is rendered beside the ensemble."""
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
@@ -11,6 +10,7 @@ from backend.serving import parameters as pp
 from ensembles.canary_render import render_canary
 from ensembles.cli import _parser, server_cpus_of
 from ensembles.render import RepoSpec, render
+from tests.unit.pbtxt import pbtxt_parameters
 
 
 @pytest.mark.parametrize("decoupled", [True, False])
@@ -52,8 +52,7 @@ READERS = {"tensorrt_llm": pp.ServingConfig, "preprocessing": pp.PreprocessingCo
 
 
 def rendered_parameters(config_pbtxt) -> pp.ModelParameters:
-    return pp.ModelParameters(dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}',
-                                           config_pbtxt.read_text())))
+    return pp.ModelParameters(pbtxt_parameters(config_pbtxt))
 
 
 @pytest.mark.parametrize("canary", [False, True])

@@ -16,15 +16,16 @@ from backend.serving.parameters import (
     RouterConfig,
     ServingConfig,
 )
+from tests.unit.pbtxt import pbtxt_parameters
 
 CONFIG_PBTXT = Path(__file__).resolve().parents[3] / "model_repository" / "tensorrt_llm" / "config.pbtxt"
 
 
 def template_parameters() -> dict[str, str]:
     """The parameters of the model repository's config.pbtxt as written: every value a ${...} placeholder."""
-    pairs = re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}', CONFIG_PBTXT.read_text())
+    pairs = pbtxt_parameters(CONFIG_PBTXT)
     assert len(pairs) > 10, f"no parameters found in {CONFIG_PBTXT}"
-    return dict(pairs)
+    return pairs
 
 
 def test_unrendered_placeholders_mean_defaults():
