@@ -63,6 +63,8 @@ class RepoSpec:
     # Instances of tensorrt_llm_bls and of the canary router: each serves one request at a time to its final
     # response (their model.py says why), so these are how many requests each serves at once (the others queue).
     # Each instance is a process (tensorrt_llm_bls's loads the tokenizer: about 320 MB; the router's about 47 MB).
+    # Unloading a model stops its instances one after another, ~1.2 s each (Triton 2.51's Python backend sleeps 1 s
+    # in each instance's health check first): the default router alone takes ~20 s to unload.
     bls_instance_count: int = 4
     router_instance_count: int = 16
     # Folders the Python backend's interpreter must see (the project, its virtualenv's site-packages).

@@ -40,6 +40,9 @@ VERSIONS = {name: i + 1 for i, name in enumerate(NAMES)}
 NEW_TOKENS = 20
 MAX_SEQ_LEN = 64  # phi3_4k's max_position_embeddings; the limits are the same for every version
 ADMIN_KEY = "families-test-admin-key"
+# Requests go one at a time; Triton stops a Python model's instances one after another, ~1.2 s each (the Python
+# backend sleeps 1 s in each instance's health check at unload), so the default 16 would add ~17 s to the stop.
+ROUTER_INSTANCES = 2
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,8 @@ def families_server(tmp_path_factory):
     served = {name: artifacts.from_hf(make_fixture(name, root / name, tokenizer_dir)) for name in NAMES}
     spec = RepoSpec(engine_dir=served[NAMES[0]].engine_dir, tokenizer_dir=tokenizer_dir, max_batch_size=4,
                     max_input_len=MAX_SEQ_LEN - NEW_TOKENS, max_seq_len=MAX_SEQ_LEN, max_num_tokens=16,
-                    tokens_per_block=8, max_tokens_in_paged_kv_cache=256, engine_threads=1)
+                    tokens_per_block=8, max_tokens_in_paged_kv_cache=256, engine_threads=1,
+                    router_instance_count=ROUTER_INSTANCES)
     repo = render_canary(spec, root / "model_repository")
     for name in NAMES[1:]:
         install_version(repo, served[name].engine_dir, version=VERSIONS[name], meta={"family_fixture": name})

@@ -58,7 +58,8 @@ def test_a_cancelled_direct_request_frees_its_blocks(unary_server, hf):
 def unary_canary(demo, tmp_path_factory):
     root = tmp_path_factory.mktemp("canary-unary")
     spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=8,
-                    max_input_len=256, max_seq_len=512, max_num_tokens=512, decoupled_mode=False)
+                    max_input_len=256, max_seq_len=512, max_num_tokens=512, decoupled_mode=False,
+                    router_instance_count=2)  # one request at a time; each instance adds ~1.2 s to the stop
     srv = TritonServer(ServerOptions(render_canary(spec, root / "repo"), *_free_ports(3),
                                      model_control_mode="explicit"), log_path=root / "tritonserver.log")
     srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm", "tensorrt_llm_bls"))

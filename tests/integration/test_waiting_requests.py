@@ -41,10 +41,11 @@ MODELS = ("ensemble", "tensorrt_llm_bls")
 
 
 @contextmanager
-def _serving(demo, root, decoupled: bool):
+def _serving(demo, root, decoupled: bool, router_instances: int):
     """The canary repository with two engine slots, served; a dead model process fails the test at once."""
     spec = RepoSpec(engine_dir=demo.engine_dir, tokenizer_dir=demo.tokenizer_dir, max_batch_size=SLOTS,
-                    max_input_len=64, max_seq_len=2048, max_num_tokens=256, decoupled_mode=decoupled)
+                    max_input_len=64, max_seq_len=2048, max_num_tokens=256, decoupled_mode=decoupled,
+                    router_instance_count=router_instances)
     srv = TritonServer(ServerOptions(render_canary(spec, root / "model_repository"), *_free_ports(3)),
                        log_path=root / "tritonserver.log")
     srv.start(ready_timeout_s=300, models=("ensemble", "router", "tensorrt_llm", "tensorrt_llm_bls"))
@@ -61,13 +62,16 @@ def _serving(demo, root, decoupled: bool):
 
 @pytest.fixture(scope="module")
 def streaming(demo, tmp_path_factory):
-    with _serving(demo, tmp_path_factory.mktemp("waiting-decoupled"), decoupled=True) as served:
+    # the default 16 router instances: 14 of the 40 waiting requests are forwarded (they wait in the engine), 26 in
+    # Triton's queue
+    with _serving(demo, tmp_path_factory.mktemp("waiting-decoupled"), decoupled=True, router_instances=16) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
 def unary(demo, tmp_path_factory):
-    with _serving(demo, tmp_path_factory.mktemp("waiting-unary"), decoupled=False) as served:
+    # two requests at once (a long and a short one); each router instance adds ~1.2 s to the server's stop
+    with _serving(demo, tmp_path_factory.mktemp("waiting-unary"), decoupled=False, router_instances=2) as served:
         yield served
 
 
