@@ -241,3 +241,20 @@ class RouterConfig:
     def from_parameters(cls, p: ModelParameters) -> "RouterConfig":
         return cls(llm_model=p.required("llm_model", "the model whose versions the router serves"),
                    routing_file=Path(p.required("routing_file", "the routing table file")))
+
+
+ModelConfig = ServingConfig | PreprocessingConfig | BlsConfig | PostprocessingConfig | RouterConfig
+# The config each of our Triton models reads its parameters into, by the model's role (its folder under
+# model_repository/; a repository may serve it under another name).
+CONFIG_OF: dict[str, type] = {"tensorrt_llm": ServingConfig, "preprocessing": PreprocessingConfig,
+                              "postprocessing": PostprocessingConfig, "tensorrt_llm_bls": BlsConfig,
+                              "router": RouterConfig}
+
+
+def read_model_config(model_config: Mapping[str, Any], model_name: str, role: str) -> ModelConfig:
+    """What a model's initialize() reads: its parameters into CONFIG_OF[role], then any parameter it did not read
+    refused, naming the model (model_config: args["model_config"], parsed; model_name: args["model_name"])."""
+    params = ModelParameters.from_model_config(model_config)
+    config = CONFIG_OF[role].from_parameters(params)
+    params.refuse_unread(model_name)
+    return config

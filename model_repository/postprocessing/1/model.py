@@ -7,7 +7,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 
 from backend.errors import InvalidRequestError
 from backend.serving.cancel_watch import CancelPolls
-from backend.serving.parameters import ModelParameters, PostprocessingConfig
+from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import release_at_finalize
 from backend.serving.postprocess import Postprocessor
 from backend.serving.stop_request import stop_inputs, stop_version
@@ -31,9 +31,7 @@ def _inputs(request):
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = ModelParameters.from_model_config(json.loads(args["model_config"]))
-        config = PostprocessingConfig.from_parameters(params)
-        params.refuse_unread(args["model_name"])
+        config = read_model_config(json.loads(args["model_config"]), args["model_name"], "postprocessing")
         self.post = Postprocessor(config.tokenizer_dir, config.skip_special_tokens)
         self.stopped = collections.deque(maxlen=4096)  # request keys already stopped
         # is_cancelled() per streamed token was one IPC round trip per token: ask at most every 0.1 s per stream.

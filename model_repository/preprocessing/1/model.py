@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
 from backend.errors import InvalidRequestError
-from backend.serving.parameters import ModelParameters, PreprocessingConfig
+from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import release_at_finalize
 from backend.serving.preprocess import Preprocessor
 
@@ -22,9 +22,7 @@ def _input(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = ModelParameters.from_model_config(json.loads(args["model_config"]))
-        config = PreprocessingConfig.from_parameters(params)
-        params.refuse_unread(args["model_name"])
+        config = read_model_config(json.loads(args["model_config"]), args["model_name"], "preprocessing")
         self.pre = Preprocessor(config.tokenizer_dir, add_special_tokens=config.add_special_tokens,
                                 max_prompt_bytes=config.max_prompt_bytes)
 

@@ -25,7 +25,7 @@ from backend.policy.canary_router import (
     pinned_version,
     routing_key,
 )
-from backend.serving.parameters import ModelParameters, RouterConfig
+from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
 from backend.serving.router_forwarding import Forwarding, Outcome
@@ -43,9 +43,7 @@ def _error(message, code=None):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = ModelParameters.from_model_config(config)
-        router = RouterConfig.from_parameters(params)
-        params.refuse_unread(args["model_name"])
+        router = read_model_config(config, args["model_name"], "router")
         self.llm = router.llm_model
         self.input_names = [i["name"] for i in config["input"]]
         self.llm_outputs = [o["name"] for o in config["output"] if o["name"] != "served_version"]

@@ -26,7 +26,7 @@ from backend.policy.tenants import load_limits
 from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
-from backend.serving.parameters import ModelParameters, ServingConfig
+from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import release_at_finalize, send_tensors
 from backend.serving.response_group import ResponseGroup, RowError
 from backend.serving.send_queue import SendQueue
@@ -125,9 +125,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.input_names = [i["name"] for i in config["input"]]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        params = ModelParameters.from_model_config(config)
-        self.serving = ServingConfig.from_parameters(params)
-        params.refuse_unread(args["model_name"])
+        self.serving = read_model_config(config, args["model_name"], "tensorrt_llm")
         # A version folder with an artifact.json serves its own build (backend/formats/versions.py).
         artifact = artifact_for(Path(args["model_repository"]), int(args["model_version"]))
         engine_dir = artifact.engine_dir if artifact else self.serving.engine_dir

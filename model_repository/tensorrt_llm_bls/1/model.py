@@ -17,7 +17,7 @@ import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm
 
 from backend.errors import InvalidRequestError
 from backend.serving.bls import DERIVED_OUTPUTS, INTERNAL_OUTPUTS, client_outputs, llm_inputs
-from backend.serving.parameters import BlsConfig, ModelParameters
+from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.postprocess import Postprocessor
 from backend.serving.preprocess import Preprocessor
@@ -35,9 +35,7 @@ def _error(message, code):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = ModelParameters.from_model_config(config)
-        bls = BlsConfig.from_parameters(params)
-        params.refuse_unread(args["model_name"])
+        bls = read_model_config(config, args["model_name"], "tensorrt_llm_bls")
         pre = bls.pre
         self.pre = Preprocessor(pre.tokenizer_dir, add_special_tokens=pre.add_special_tokens,
                                 max_prompt_bytes=pre.max_prompt_bytes)

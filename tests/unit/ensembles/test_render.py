@@ -10,7 +10,7 @@ from backend.serving import parameters as pp
 from ensembles.canary_render import render_canary
 from ensembles.cli import _parser, server_cpus_of
 from ensembles.render import RepoSpec, render
-from tests.unit.pbtxt import pbtxt_parameters
+from tests.unit.pbtxt import as_model_config, pbtxt_parameters
 
 
 @pytest.mark.parametrize("decoupled", [True, False])
@@ -47,10 +47,6 @@ def test_cuda_graph_mode_renders_and_is_checked(fake_model, tmp_path):
 
 
 # What each model.py reads its parameters with (then refuse_unread: nothing set is ignored).
-READERS = {"tensorrt_llm": pp.ServingConfig, "preprocessing": pp.PreprocessingConfig,
-           "postprocessing": pp.PostprocessingConfig, "tensorrt_llm_bls": pp.BlsConfig, "router": pp.RouterConfig}
-
-
 def rendered_parameters(config_pbtxt) -> pp.ModelParameters:
     return pp.ModelParameters(pbtxt_parameters(config_pbtxt))
 
@@ -63,12 +59,10 @@ def test_every_rendered_parameter_is_read_by_its_model(fake_model, tmp_path, can
     checked = []
     for config in sorted(repo.glob("*/config.pbtxt")):
         model = config.parent.name
-        if model in READERS:
-            params = rendered_parameters(config)
-            READERS[model].from_parameters(params)
-            params.refuse_unread(model)
+        if model in pp.CONFIG_OF:  # what the model's initialize() reads (model_repository/*/1/model.py)
+            pp.read_model_config(as_model_config(config), model, role=model)
             checked.append(model)
-    assert set(checked) == set(READERS) - (set() if canary else {"router"})
+    assert set(checked) == set(pp.CONFIG_OF) - (set() if canary else {"router"})
 
 
 def test_stream_interval_renders_into_what_tensorrt_llm_reads(fake_model, tmp_path):

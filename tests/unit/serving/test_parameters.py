@@ -15,6 +15,7 @@ from backend.serving.parameters import (
     PreprocessingConfig,
     RouterConfig,
     ServingConfig,
+    read_model_config,
 )
 from tests.unit.pbtxt import pbtxt_parameters
 
@@ -178,3 +179,16 @@ def test_bls_parameters():
     bls = BlsConfig.from_parameters(ModelParameters({"tokenizer_dir": "/tok", "tensorrt_llm_model_name": "router"}))
     assert (bls.llm_model, bls.stop_model, bls.pre.tokenizer_dir) == ("router", "router", Path("/tok"))
     assert BlsConfig.from_parameters(ModelParameters({"tokenizer_dir": "/t", "stop_model": "x"})).stop_model == "x"
+
+
+def test_read_model_config_reads_by_role_and_names_the_served_model():
+    """What every model.py's initialize() calls: the role picks the config, the error names the model as served."""
+    config = {"parameters": {"tokenizer_dir": {"string_value": "/t"}, "skip_special_tokens": {"string_value": "0"}}}
+    post = read_model_config(config, "my_postprocessing", "postprocessing")
+    assert isinstance(post, PostprocessingConfig) and post.skip_special_tokens is False
+    config["parameters"]["clean_up_tokenization_spaces"] = {"string_value": "true"}
+    with pytest.raises(ValueError, match=r"my_postprocessing: config.pbtxt parameter\(s\) "
+                                         r"clean_up_tokenization_spaces='true' not supported"):
+        read_model_config(config, "my_postprocessing", "postprocessing")
+    with pytest.raises(KeyError):
+        read_model_config(config, "x", "detokenizer")
