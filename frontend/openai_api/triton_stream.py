@@ -2,9 +2,14 @@
 per-response chunks. The request goes out on one bidirectional stream which the client half-closes after sending;
 Triton ends the stream once every response of the request was sent, so the iterator ends with the request.
 Closing the iterator early (client gone) cancels the gRPC call, which cancels the request in the engine and frees
-its KV blocks."""
+its KV blocks. A request that ended in an error (a refusal, a bad argument) is not cancelled: its stream is left to
+end by itself (_ended), because a cancel just after the final response can leave Triton 2.51's stream handler
+waiting for a callback that never comes ("Waiting for the callback to retrieve cancellation", verbose log), holding
+the model: the ensemble then never unloads and a server stop waits out its whole exit timeout (perf/ISSUE16.md,
+"A refused request that held the ensemble")."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -48,6 +53,24 @@ def _infer_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
     return out
 
 
+_END_WAIT_S = 2.0  # how long an errored request's stream gets to end by itself (it takes ~1 ms) before a cancel
+
+
+async def _ended(responses, timeout_s: float = _END_WAIT_S) -> bool:
+    """Whether the stream ends by itself within timeout_s (its remaining responses dropped): after an error response
+    Triton ends it as soon as the request's final response is out, and an error is final from our models."""
+
+    async def rest() -> None:
+        async for _ in responses:
+            pass
+
+    try:
+        await asyncio.wait_for(rest(), timeout_s)
+    except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        return False
+    return True
+
+
 async def stream(client: grpcclient.InferenceServerClient, req: UpstreamRequest) -> AsyncIterator[Chunk]:
     """The responses of `req` as Chunks; raises OpenAIError for an error Triton sends or a failed transport."""
 
@@ -61,6 +84,7 @@ async def stream(client: grpcclient.InferenceServerClient, req: UpstreamRequest)
     try:
         async for result, error in responses:
             if error is not None:
+                finished = await _ended(responses)  # no cancel after the final response (the module says why)
                 raise from_triton(error.message() or str(error))
             chunk = to_chunk(result)
             if chunk is not None:
@@ -73,7 +97,7 @@ async def stream(client: grpcclient.InferenceServerClient, req: UpstreamRequest)
                           type="server_error") from None
     finally:
         if not finished:
-            responses.cancel()  # the client went away or an error ended it: stop the engine request
+            responses.cancel()  # the client went away (or an errored stream did not end): stop the engine request
 
 
 def _first(result, name: str) -> int | None:
