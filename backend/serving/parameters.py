@@ -213,7 +213,7 @@ class BlsConfig:
 
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "BlsConfig":
-        llm = p.text("tensorrt_llm_model_name", "tensorrt_llm")
+        llm = p.text("tensorrt_llm_model_name", cls.llm_model)
         return cls(pre=PreprocessingConfig.from_parameters(p), llm_model=llm, stop_model=p.text("stop_model", llm),
                    skip_special_tokens=p.flag("skip_special_tokens", cls.skip_special_tokens))
 
@@ -228,7 +228,7 @@ class PostprocessingConfig:
     @classmethod
     def from_parameters(cls, p: ModelParameters) -> "PostprocessingConfig":
         return cls(tokenizer_dir=Path(p.required("tokenizer_dir", "the HF tokenizer files")),
-                   stop_model=p.text("stop_model", "tensorrt_llm"),
+                   stop_model=p.text("stop_model", cls.stop_model),
                    skip_special_tokens=p.flag("skip_special_tokens", cls.skip_special_tokens))
 
 

@@ -46,7 +46,6 @@ def test_cuda_graph_mode_renders_and_is_checked(fake_model, tmp_path):
         RepoSpec(engine_dir=engine, tokenizer_dir=tokenizer, cuda_graph_mode="always")
 
 
-# What each model.py reads its parameters with (then refuse_unread: nothing set is ignored).
 def rendered_parameters(config_pbtxt) -> pp.ModelParameters:
     return pp.ModelParameters(pbtxt_parameters(config_pbtxt))
 
