@@ -7,7 +7,10 @@ arrive here from the engine thread:
 - not decoupled (unary inference: exactly one response per request): the rows' final tensors are held and sent
   together as one response when the last row ends, its sequences stacked along the beam axis, as the anchor
   returns beams: output_ids [1, n, T] (shorter ones padded), sequence_length [1, n]; postprocessing then yields
-  text_output [n]. The first error is the request's answer; the other rows are then cancelled.
+  text_output [n].
+Either way the first error is the request's final response, as one TensorRT-LLM response ends a request; the other
+rows are then cancelled and what they still say is dropped. (In the ensemble an error has to be the last response of
+the stream: backend/serving/stream_errors.py.)
 """
 from __future__ import annotations
 
@@ -45,30 +48,36 @@ class ResponseGroup:
         self.on_done = on_done
         self.pad_id = pad_id  # fills output_ids of shorter sequences in a unary response
         self.held: list[Tensors] = []  # unary: each row's final tensors, in the order rows finished
-        self.failed = False  # unary: an error was sent; the other rows are to be cancelled
+        self.failed = False  # an error was sent (the request's final response); the other rows are to be cancelled
         self.abandoned = False  # a send failed (the client is gone): every row is to be cancelled
         self.lock = threading.Lock()
 
     def send(self, response: Tensors | RowError | None, row_done: bool,
              on_sent: Callable[[], None] | None = None) -> None:
-        """on_sent: decoupled, called once this response has gone out (RowStream merges tokens until then)."""
+        """on_sent: decoupled, called once this response has gone out (RowStream merges tokens until then), or at
+        once when the response is dropped."""
+        dropped = None
         with self.lock:
             if self.remaining == 0:
                 return
             if row_done:
                 self.remaining -= 1
             last = self.remaining == 0
-            if self.decoupled:
-                if response is not None or last:
-                    self._send(response, last, on_sent)
-            elif isinstance(response, RowError):
+            if isinstance(response, RowError):
                 if not self.failed:
                     self.failed = True
                     self._send(response, True, None)
-            elif response is not None and not self.failed:
+            elif self.failed:  # the request already ended with its error: this row is being cancelled
+                dropped = on_sent if response is not None else None
+            elif self.decoupled:
+                if response is not None or last:
+                    self._send(response, last, on_sent)
+            elif response is not None:
                 self.held.append(response)
             if not self.decoupled and last and not self.failed:
                 self._send(stack_sequences(self.held, self.pad_id), True, None)
+        if dropped is not None:
+            dropped()
         if last:
             self.on_done()
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from backend.serving import stream_errors
+
 
 class Outcome(str, enum.Enum):
     """How forwarding one request to one version ended (the router metrics' `outcome` label)."""
@@ -39,6 +41,7 @@ class Forwarding:
         self.retry_allowed = retry_allowed  # False for a pinned request: its version or an error, nothing else
         self.sent = 0  # responses forwarded to the client
         self.done = 0  # final responses among them
+        self.failed = False  # a stream_error response was forwarded: the request's error (stream_errors.py)
 
     @property
     def complete(self) -> bool:
@@ -57,7 +60,11 @@ class Forwarding:
         last forwarded one), else whether the forwarded response must carry the FINAL flag."""
         if self.complete or not arrays:
             return None
-        self.done += int(is_final(arrays))
+        if stream_errors.OUTPUT in arrays:  # the request's error, its version's last response: the request ends
+            self.failed = True
+            self.done = self.finals
+        else:
+            self.done += int(is_final(arrays))
         self.sent += 1
         return self.done >= self.finals
 

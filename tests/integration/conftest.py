@@ -21,6 +21,15 @@ MAX_SEQ_LEN = 1024
 ALL_MODELS = ("ensemble", "tensorrt_llm", "preprocessing", "postprocessing", "tensorrt_llm_bls")
 
 
+def stopped_cleanly(log_path: Path) -> str:
+    """The server's log after its stop(), checked: no model process crashed or aborted, and every model unloaded in
+    time (a request left in flight, say, makes the stop wait out Triton's 30 s exit timeout)."""
+    log = Path(log_path).read_text(errors="replace")
+    for sign in ("Segmentation fault", "Traceback", "Signal (6)", "Exit timeout expired"):
+        assert sign not in log, (sign, log[-4000:])
+    return log
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "integration" in str(item.fspath):

@@ -6,6 +6,7 @@ import triton_python_backend_utils as pb_utils
 import tritonllm_env  # noqa: F401 -- rendered beside this model: puts tritonllm's packages on sys.path
 
 from backend.errors import InvalidRequestError
+from backend.serving import stream_errors
 from backend.serving.cancel_watch import CancelPolls
 from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import release_at_finalize
@@ -64,6 +65,9 @@ class TritonPythonModel:
 
     def _respond(self, given):
         try:
+            if (error := given.get(stream_errors.POSTPROCESSING_INPUT)) is not None:
+                code, message = stream_errors.read(error)  # tensorrt_llm's error for the request: its last response
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
             return pb_utils.InferenceResponse(output_tensors=self._process(given))
         except InvalidRequestError as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))

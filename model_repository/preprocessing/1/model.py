@@ -68,5 +68,6 @@ class TritonPythonModel:
             "REQUEST_OUTPUT_LEN": self._output_len(request, batch),
             "OUT_END_ID": end_id if end_id is not None else np.full((batch, 1), self.pre.end_id, dtype=np.int32),
             "OUT_PAD_ID": pad_id if pad_id is not None else np.full((batch, 1), self.pre.pad_id, dtype=np.int32),
+            "ERRORS_IN_STREAM": np.ones((batch, 1), dtype=bool),  # tensorrt_llm's errors go through postprocessing
         }
         return [pb_utils.Tensor(name, value) for name, value in outputs.items()]

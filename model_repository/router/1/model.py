@@ -140,7 +140,7 @@ class TritonPythonModel:
             self._hold(responses)
         if fwd.needs_final():
             self._send(sender, None if self.decoupled else pb_utils.InferenceResponse([]))
-        return Outcome.OK
+        return Outcome.ERROR if fwd.failed else Outcome.OK
 
     def _stop(self, inputs, sender):
         for version in self.routing.refresh().table.versions:

@@ -23,6 +23,7 @@ from backend.policy.admission import AdmissionController, Lease, RowCost
 from backend.policy.api_keys import AuthenticationError
 from backend.policy.request_context import request_context
 from backend.policy.tenants import load_limits
+from backend.serving import stream_errors
 from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
@@ -51,16 +52,20 @@ def _ignore(exc):
     """A metrics update that failed (logged by the SendQueue) must not touch any request."""
 
 
-def _sender_send(sender, sends, watched, on_error):
+def _sender_send(sender, sends, watched, on_error, request_key, errors_in_stream):
     """ResponseGroup's send callback over a Triton response sender: the send itself runs on the SendQueue's thread
     (backend/serving/send_queue.py), in order, while the engine thread goes on. The final send finishes `watched`
-    on that thread, before any later cancellation poll there (backend/serving/cancel_watch.py says why)."""
+    on that thread, before any later cancellation poll there (backend/serving/cancel_watch.py says why).
+    errors_in_stream: an error goes as a stream_error response (backend/serving/stream_errors.py)."""
 
     def send(response, final: bool, on_sent) -> None:
         def deliver():
             flags = _FINAL if final else 0
             try:
-                if isinstance(response, RowError):
+                if isinstance(response, RowError) and errors_in_stream:
+                    tensors = stream_errors.error_tensors(response.code, response.message, request_key)
+                    send_tensors(pb_utils, sender, [pb_utils.Tensor(n, v) for n, v in tensors.items()], flags)
+                elif isinstance(response, RowError):
                     sender.send(_error_response(response), flags=flags)
                 elif response is None:
                     sender.send(None, flags=flags)
@@ -185,6 +190,7 @@ class TritonPythonModel:
             return
         try:
             rows = parse_request(inputs, self.serving.exclude_input_in_output, self.decoupled)
+            errors_in_stream = stream_errors.wanted(inputs, self.decoupled)
             context = request_context(request.parameters(), self.tenancy.tenant_header,
                                       self.admission.limits.credentials)
         except AuthenticationError as exc:
@@ -196,7 +202,7 @@ class TritonPythonModel:
             return
         leases = self._admit(context, rows, sender)
         if leases:
-            self._submit(request.request_id(), sender, rows, leases)
+            self._submit(request.request_id(), sender, rows, leases, errors_in_stream)
 
     def _admit(self, context, rows, sender):
         """The rows' leases, or None after refusing the request at once (never queued; docs/rate_limiting.md)."""
@@ -214,7 +220,7 @@ class TritonPythonModel:
         self.metrics.update(stats)
         self.tenant_metrics.update(self.admission.snapshot())
 
-    def _submit(self, triton_id, sender, rows, leases):
+    def _submit(self, triton_id, sender, rows, leases, errors_in_stream):
         # One random 63-bit key per Triton request, returned as `request_key`: only who holds it can `stop` it.
         key = secrets.randbits(63)
         ids = [f"{key}.{i}" for i in range(len(rows))]
@@ -224,7 +230,7 @@ class TritonPythonModel:
         pad_id = rows[0].sampling.pad_id
         # A send that fails (the client went away) abandons the group: the engine loop then cancels its rows.
         watched = self.cancel_watch.watch(sender.is_cancelled)
-        send = _sender_send(sender, self.sends, watched, lambda exc: group.abandon())
+        send = _sender_send(sender, self.sends, watched, lambda exc: group.abandon(), key, errors_in_stream)
         group = ResponseGroup(len(rows), self.decoupled, send, lambda: self._forget(triton_id, key, watched),
                               pad_id=-1 if pad_id is None else pad_id)
         for engine_id, row, lease in zip(ids, rows, leases):

@@ -77,3 +77,18 @@ def test_abandon_marks_the_group_for_cancelling_without_sending():
     assert not group.abandoned
     group.abandon()
     assert group.abandoned and s.sent == [] and s.done == 0
+
+
+def test_decoupled_first_error_is_the_final_response_and_the_other_rows_are_dropped():
+    """As one TensorRT-LLM response ends a request: in the ensemble nothing may follow the error (stream_errors.py)."""
+    s = Sender()
+    group = ResponseGroup(3, decoupled=True, send=s.send, on_done=s.on_done)
+    group.send(_row([1], 0), row_done=False, on_sent=print)
+    group.send(RowError("request timed out: ...", "UNAVAILABLE"), row_done=True)
+    assert group.failed and s.sent[-1] == (RowError("request timed out: ...", "UNAVAILABLE"), True)
+    dropped = []
+    group.send(_row([2], 1), row_done=False, on_sent=lambda: dropped.append(1))  # a cancelled row still talking
+    group.send(RowError("request cancelled", "CANCELLED"), row_done=True)  # its end, as cancelled
+    assert dropped == [1] and s.done == 0  # the dropped response counts as gone out (RowStream holds nothing)
+    group.send(None, row_done=True)
+    assert len(s.sent) == 2 and s.done == 1  # no second final; the group is done once its last row ends

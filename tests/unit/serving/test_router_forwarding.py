@@ -52,3 +52,14 @@ def test_error_after_a_response_goes_to_the_client():
 def test_finals_must_be_positive():
     with pytest.raises(ValueError, match="at least one final"):
         Forwarding(0, retry_allowed=True)
+
+
+def test_a_stream_error_ends_the_request_whatever_finals_it_was_owed():
+    """tensorrt_llm's error in the ensemble is its stream's last response (backend/serving/stream_errors.py): it goes
+    out with the FINAL flag, nothing after it, and no empty final is added."""
+    fwd = Forwarding(finals=2, retry_allowed=True)
+    assert fwd.on_tensors(response(False)) is False
+    error = {**response(True), "stream_error": np.array([[b"UNAVAILABLE", b"request timed out: ..."]], dtype=object)}
+    assert fwd.on_tensors(error) is True
+    assert fwd.failed and fwd.complete and not fwd.needs_final()
+    assert fwd.on_tensors(response(True)) is None
