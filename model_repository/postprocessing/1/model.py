@@ -67,7 +67,8 @@ class TritonPythonModel:
         try:
             if (error := given.get(stream_errors.POSTPROCESSING_INPUT)) is not None:
                 code, message = stream_errors.read(error)  # tensorrt_llm's error for the request: its last response
-                return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
+                error = pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+                return pb_utils.InferenceResponse(error=error)
             return pb_utils.InferenceResponse(output_tensors=self._process(given))
         except InvalidRequestError as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))

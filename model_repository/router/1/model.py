@@ -25,6 +25,7 @@ from backend.policy.canary_router import (
     pinned_version,
     routing_key,
 )
+from backend.serving.metric_owners import MetricOwners, keep_forever
 from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
@@ -55,6 +56,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"router: {self.routing.last_error}")
         self.held = BlsHold()  # finished BLS response iterators, let go of 30 s later on a thread holding the GIL
         self.metrics = RouterMetrics(pb_utils, self.llm)  # per-version figures (backend/serving/router_metrics.py)
+        # Another copy of the router (a reload) shares these metrics in Triton: backend/serving/metric_owners.py.
+        self.metric_owners = MetricOwners(args["model_repository"], args["model_version"])
 
     def execute(self, requests):
         for request in requests:  # one by one, each to its final response (the module docstring says why)
@@ -170,5 +173,9 @@ class TritonPythonModel:
         sender.send(response, flags=flags)
 
     def finalize(self):
-        self.metrics.close()
+        if self.metric_owners.others_alive():  # the other copy goes on writing these metrics: never deleted
+            keep_forever(self.metrics)
+        else:
+            self.metrics.close()
+        self.metric_owners.close()
         release_at_finalize(self)  # now, while the stub can still take what the releases do

@@ -27,6 +27,7 @@ from backend.serving import stream_errors
 from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
+from backend.serving.metric_owners import MetricOwners, keep_forever
 from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import release_at_finalize, send_tensors
 from backend.serving.response_group import ResponseGroup, RowError
@@ -144,6 +145,8 @@ class TritonPythonModel:
         self.metrics = TritonMetrics(pb_utils, name, version) if self.serving.publish_metrics else NoMetrics()
         self.tenant_metrics = (TenantMetrics(pb_utils, name, version) if self.serving.publish_metrics
                                else NoMetrics())
+        # Another copy of this version (a reload) shares our metrics in Triton: backend/serving/metric_owners.py.
+        self.metric_owners = MetricOwners(args["model_repository"], version) if self.serving.publish_metrics else None
         # Streamed rows' acks from the ensemble's postprocessing (backend/serving/stream_acks.py).
         self.acks = open_board()
         # Round trips to the Triton process (responses, metrics, is_cancelled) stay off the engine thread.
@@ -274,5 +277,9 @@ class TritonPythonModel:
         self.engine.close()  # a parallel engine's worker processes exit here
         if self.acks is not None:
             self.acks.close()
+        if self.metric_owners is not None:
+            if self.metric_owners.others_alive():  # the other copy goes on writing these metrics: never deleted
+                keep_forever(self.metrics, self.tenant_metrics)
+            self.metric_owners.close()
         # Senders left in cycles, and the metric families, go now, while the stub can still take it.
         release_at_finalize(self)
