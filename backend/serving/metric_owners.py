@@ -11,16 +11,20 @@ even at its process's exit: `keep_forever`); the last copy deletes them.
 
 How: each copy holds an flock on a file in /dev/shm named after the version's folder (its model repository, name
 and version) plus a random suffix; at the end it asks whether any other such file is locked. A file nobody locks
-is a dead process's, removed then. Different versions have different labels (model, version): no sharing.
+is a dead process's, removed then. Different versions have different labels (model, version): no sharing. Where
+the file cannot be made, another copy may live for all this copy knows: its metrics are kept.
 """
 from __future__ import annotations
 
 import ctypes
 import fcntl
 import hashlib
+import logging
 import os
 import secrets
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LOCK_DIR = Path("/dev/shm")
 _KEPT: list[object] = []  # objects never to be freed (keep_forever); the list itself holds an extra reference
@@ -32,11 +36,18 @@ class MetricOwners:
         self.directory = directory
         self.prefix = f"tritonllm-metrics-{digest}-"
         self.path = directory / f"{self.prefix}{secrets.token_hex(8)}"
-        self._fd: int | None = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh random name: never held by another
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh random name: never held by another
+        except OSError as exc:
+            log.warning("metrics are kept at this model's end (another copy may share them): %s", exc)
 
     def others_alive(self) -> bool:
-        """Whether another live process holds this version's metrics too (removes dead processes' files)."""
+        """Whether another live process holds this version's metrics too (removes dead processes' files); True when
+        this copy could not make its own file (it cannot know)."""
+        if self._fd is None:
+            return True
         alive = False
         for path in self.directory.glob(f"{self.prefix}*"):
             if path != self.path and _locked(path):

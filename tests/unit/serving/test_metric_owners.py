@@ -82,3 +82,10 @@ def test_kept_objects_are_never_freed_not_even_at_exit():
             for tail in ("", "keep_forever(metric)\n")]
     assert [run.returncode for run in runs] == [0, 0], runs
     assert [run.stdout for run in runs] == ["freed", ""], runs  # freed at the interpreter's exit, unless kept
+
+
+def test_without_its_file_a_copy_keeps_its_metrics(tmp_path):
+    """No lock folder (no /dev/shm, say): the copy cannot know whether another one shares its metrics."""
+    owners = MetricOwners("/repo/tensorrt_llm", "1", directory=tmp_path / "missing")
+    assert owners.others_alive()
+    owners.close()
