@@ -47,9 +47,10 @@ def server(request, demo, tmp_path_factory) -> TritonServer:
 
 
 def _deadline_stream(url: str, i: int):
-    """A stream that ends by its deadline after some tokens; the first one asks for two sequences."""
+    """A stream that ends by its deadline after some tokens (900 tokens take far longer than 1.5-2.2 s on a CPU;
+    its first ones come well before, on a busy 2-core machine too); the first one asks for two sequences."""
     extra = {"num_return_sequences": np.array([[2]], dtype=np.int32)} if i == 0 else {}
-    return generate(url, f"def slow_{i}(x):\n", 900, stream=True, parameters={"timeout_ms": 400 + 53 * i}, **extra)
+    return generate(url, f"def slow_{i}(x):\n", 900, stream=True, parameters={"timeout_ms": 1500 + 97 * i}, **extra)
 
 
 def _state(client, model: str) -> str:
@@ -78,7 +79,7 @@ def test_a_direct_client_still_gets_a_triton_error(server):
               "request_output_len": np.array([[900]], dtype=np.int32), "streaming": np.array([[True]])}
     try:
         client.async_stream_infer("tensorrt_llm", [tensor(k, v) for k, v in inputs.items()],
-                                  parameters={"timeout_ms": 300}, enable_empty_final_response=True)
+                                  parameters={"timeout_ms": 1000}, enable_empty_final_response=True)
         results = []
         while True:
             result, error = responses.get(timeout=60)
