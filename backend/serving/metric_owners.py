@@ -54,6 +54,15 @@ class MetricOwners:
                 alive = True
         return alive
 
+    def finish(self, *metrics: object) -> bool:
+        """At this copy's end: True when another copy shares its metrics (they are then kept forever, never
+        deleted); False when they are this copy's alone, to be deleted. This copy's file goes either way."""
+        shared = self.others_alive()
+        if shared:
+            keep_forever(*metrics)
+        self.close()
+        return shared
+
     def close(self) -> None:
         if self._fd is not None:
             self.path.unlink(missing_ok=True)

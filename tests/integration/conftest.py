@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ensembles import artifacts
 from ensembles.render import RepoSpec, render
-from ensembles.server import ServerOptions, TritonServer
+from ensembles.server import GRPC_ADMIN_HEADER, ServerOptions, TritonServer
 from ensembles.server import free_ports as _free_ports  # noqa: F401 (other test modules import it from here)
 from ensembles.stack import FrontOptions, ServingStack
 
@@ -28,6 +28,13 @@ def stopped_cleanly(log_path: Path) -> str:
     for sign in ("Segmentation fault", "Traceback", "Signal (6)", "Exit timeout expired"):
         assert sign not in log, (sign, log[-4000:])
     return log
+
+
+def model_state(client, model: str, admin_key: str) -> str:
+    """`model`'s state in the repository index (READY, UNLOADING, UNAVAILABLE...; "" when absent), asked over a
+    tritonclient gRPC client with the server's admin key."""
+    index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: admin_key}, as_json=True)
+    return next((m.get("state", "") for m in index["models"] if m["name"] == model), "")
 
 
 def pytest_collection_modifyitems(items):

@@ -16,7 +16,7 @@ from ensembles.canary_render import render_canary
 from ensembles.render import RepoSpec, render
 from ensembles.server import GRPC_ADMIN_HEADER, ServerOptions, TritonServer
 from tests.integration import metrics
-from tests.integration.conftest import _free_ports, stopped_cleanly
+from tests.integration.conftest import _free_ports, model_state, stopped_cleanly
 from tests.integration.launcher import wait_for
 from tests.integration.tenant_client import generate
 
@@ -50,11 +50,6 @@ def server(request, demo, tmp_path_factory) -> Served:
     stopped_cleanly(root / "tritonserver.log")  # no model process aborted, every model unloaded in time
 
 
-def _state(client) -> str:
-    index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: ADMIN_KEY}, as_json=True)
-    return next((m.get("state", "") for m in index["models"] if m["name"] == "ensemble"), "")
-
-
 def _served(server: Served) -> float:
     """The tenant's admitted requests (the engine's counter), or in a canary repository the router's count."""
     text = metrics.scrape(server.srv.opts.metrics_port)
@@ -73,6 +68,7 @@ def test_the_ensemble_loads_again_twice_and_its_metrics_go_on(server):
         if reload == 2:
             break
         client.unload_model("ensemble", headers={GRPC_ADMIN_HEADER: ADMIN_KEY})
-        assert wait_for(lambda: _state(client) == "UNAVAILABLE", timeout_s=20), _state(client)
+        unloaded = wait_for(lambda: model_state(client, "ensemble", ADMIN_KEY) == "UNAVAILABLE", timeout_s=20)
+        assert unloaded, model_state(client, "ensemble", ADMIN_KEY)
         client.load_model("ensemble", headers={GRPC_ADMIN_HEADER: ADMIN_KEY})  # a new copy of every composing model
         assert client.is_model_ready("ensemble") and client.is_model_ready("tensorrt_llm")

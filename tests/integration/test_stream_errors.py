@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from ensembles.canary_render import render_canary
 from ensembles.render import RepoSpec, render
 from ensembles.server import GRPC_ADMIN_HEADER, ServerOptions, TritonServer
-from tests.integration.conftest import _free_ports, stopped_cleanly
+from tests.integration.conftest import _free_ports, model_state, stopped_cleanly
 from tests.integration.launcher import wait_for
 from tests.integration.tenant_client import generate
 from tests.integration.trtllm_direct import tensor
@@ -53,11 +53,6 @@ def _deadline_stream(url: str, i: int):
     return generate(url, f"def slow_{i}(x):\n", 900, stream=True, parameters={"timeout_ms": 1500 + 97 * i}, **extra)
 
 
-def _state(client, model: str) -> str:
-    index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: ADMIN_KEY}, as_json=True)
-    return next((m.get("state", "") for m in index["models"] if m["name"] == model), "")
-
-
 def test_streams_ended_by_their_deadlines_leave_the_ensemble_free_to_unload(server):
     with ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(partial(_deadline_stream, server.grpc_url), range(8)))
@@ -66,8 +61,9 @@ def test_streams_ended_by_their_deadlines_leave_the_ensemble_free_to_unload(serv
     assert generate(server.grpc_url, "def ", 2).ok  # the others go on
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.unload_model("ensemble", headers={GRPC_ADMIN_HEADER: ADMIN_KEY})  # it waits for its in-flight requests
-    unloaded = wait_for(lambda: _state(client, "ensemble") == "UNAVAILABLE", timeout_s=20)
-    assert unloaded, f"the ensemble did not unload in 20 s (state {_state(client, 'ensemble')!r}): a request held it"
+    unloaded = wait_for(lambda: model_state(client, "ensemble", ADMIN_KEY) == "UNAVAILABLE", timeout_s=20)
+    assert unloaded, (f"the ensemble did not unload in 20 s (state {model_state(client, 'ensemble', ADMIN_KEY)!r}): "
+                      "a request held it")
 
 
 def test_a_direct_client_still_gets_a_triton_error(server):

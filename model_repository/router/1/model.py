@@ -25,7 +25,7 @@ from backend.policy.canary_router import (
     pinned_version,
     routing_key,
 )
-from backend.serving.metric_owners import MetricOwners, keep_forever
+from backend.serving.metric_owners import MetricOwners
 from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import BlsHold, release_at_finalize, send_tensors
 from backend.serving.request_copy import copy_request
@@ -173,9 +173,6 @@ class TritonPythonModel:
         sender.send(response, flags=flags)
 
     def finalize(self):
-        if self.metric_owners.others_alive():  # the other copy goes on writing these metrics: never deleted
-            keep_forever(self.metrics)
-        else:
+        if not self.metric_owners.finish(self.metrics):  # kept while another copy of the router writes them
             self.metrics.close()
-        self.metric_owners.close()
         release_at_finalize(self)  # now, while the stub can still take what the releases do

@@ -27,7 +27,7 @@ from backend.serving import stream_errors
 from backend.serving.cancel_watch import CancelWatch, Watched
 from backend.serving.engine_loop import EngineLoop
 from backend.serving.lifecycle import PhaseWatcher
-from backend.serving.metric_owners import MetricOwners, keep_forever
+from backend.serving.metric_owners import MetricOwners
 from backend.serving.parameters import read_model_config
 from backend.serving.pb_release import release_at_finalize, send_tensors
 from backend.serving.response_group import ResponseGroup, RowError
@@ -277,9 +277,7 @@ class TritonPythonModel:
         self.engine.close()  # a parallel engine's worker processes exit here
         if self.acks is not None:
             self.acks.close()
-        if self.metric_owners is not None:
-            if self.metric_owners.others_alive():  # the other copy goes on writing these metrics: never deleted
-                keep_forever(self.metrics, self.tenant_metrics)
-            self.metric_owners.close()
+        if self.metric_owners is not None:  # kept while another copy writes them; else deleted by release_at_finalize
+            self.metric_owners.finish(self.metrics, self.tenant_metrics)
         # Senders left in cycles, and the metric families, go now, while the stub can still take it.
         release_at_finalize(self)

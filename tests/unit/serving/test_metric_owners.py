@@ -53,13 +53,11 @@ def test_another_process_holding_the_version_is_alive_until_it_exits(tmp_path):
 
 
 class _Metric:
-    freed: list[str] = []
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, freed: list[str]) -> None:
+        self.name, self.freed = name, freed
 
     def __del__(self) -> None:
-        _Metric.freed.append(self.name)
+        self.freed.append(self.name)
 
 
 _AT_EXIT = """
@@ -73,11 +71,12 @@ metric = Metric()
 
 
 def test_kept_objects_are_never_freed_not_even_at_exit():
-    keep_forever(_Metric("kept"))
-    dropped = _Metric("dropped")
+    freed: list[str] = []
+    keep_forever(_Metric("kept", freed))
+    dropped = _Metric("dropped", freed)
     del dropped
     gc.collect()
-    assert _Metric.freed == ["dropped"]
+    assert freed == ["dropped"]
     runs = [subprocess.run([sys.executable, "-c", _AT_EXIT + tail], capture_output=True, text=True, timeout=60)
             for tail in ("", "keep_forever(metric)\n")]
     assert [run.returncode for run in runs] == [0, 0], runs
@@ -89,3 +88,17 @@ def test_without_its_file_a_copy_keeps_its_metrics(tmp_path):
     owners = MetricOwners("/repo/tensorrt_llm", "1", directory=tmp_path / "missing")
     assert owners.others_alive()
     owners.close()
+
+
+def test_finish_keeps_shared_metrics_and_leaves_its_own_to_be_deleted(tmp_path):
+    old = MetricOwners("/repo/router", "1", directory=tmp_path)
+    new = MetricOwners("/repo/router", "1", directory=tmp_path)
+    freed: list[str] = []
+    shared = _Metric("shared", freed)
+    assert old.finish(shared)  # the new copy lives: kept
+    del shared
+    gc.collect()
+    assert freed == []
+    assert not new.finish(_Metric("alone", freed))  # the last copy: its caller deletes them
+    assert freed == ["alone"]  # not kept
+    assert list(tmp_path.iterdir()) == []
