@@ -20,12 +20,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_gemv_available", &bf16_gemv_available, "whether bf16_gemv was compiled (the CPU has AVX-512 BF16)");
   m.def("f32_gemv", &f32_gemv, "a float32 linear of 1-16 rows over its row-major weight (AVX2 + FMA, CPU)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("row_ops_exact", &row_ops_exact, "whether the row operations give ATen's bits here (its AVX2 kernels)");
-  m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of float32 rows (ATen's bits under row_ops_exact)",
+  m.def("norm_rows_exact", &norm_rows_exact, "whether the norms give ATen's bits here (its AVX2 or AVX-512 kernels)");
+  m.def("silu_rows_exact", &silu_rows_exact, "whether SiLU(gate) * up gives ATen's bits here (its AVX2 kernels)");
+  m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of float32 rows (ATen's bits under norm_rows_exact)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("add_rms_norm_rows", &add_rms_norm_rows, "x + delta and its RMS norm (ATen's bits under row_ops_exact)",
+  m.def("add_rms_norm_rows", &add_rms_norm_rows, "x + delta and its RMS norm (ATen's bits under norm_rows_exact)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("silu_mul_rows", &silu_mul_rows, "silu(gate) * up over float32 rows (ATen's bits under row_ops_exact)",
+  m.def("silu_mul_rows", &silu_mul_rows, "silu(gate) * up over float32 rows (ATen's bits under silu_rows_exact)",
         py::call_guard<py::gil_scoped_release>());
   m.def("f32_gemv_available", &f32_gemv_available, "whether f32_gemv was compiled (the CPU has AVX2 + FMA)");
 }

@@ -176,10 +176,12 @@ torch::Tensor activation(const torch::Tensor& x, int64_t kind) {
 }
 
 // The norms, the residual adds before them and SiLU(gate) * up: row_ops.cpp's one-pass forms where they give ATen's
-// bits (its AVX2 kernels; rows shorter than ATen's grain: a lone row of the grain or more may be summed in two
-// passes between threads, which row_ops.cpp does not follow), the ATen operations elsewhere.
+// bits (norms: where ATen sums in its AVX2 order, SiLU: under its AVX2 kernels; rows shorter than ATen's grain: a lone row of the
+// grain or more may be summed in two passes between threads, which row_ops.cpp does not follow), the ATen operations
+// elsewhere.
 struct RowOps {
-  bool fused;
+  bool fused;  // the norms
+  bool fused_silu;
   double eps;
   bool weight_f32;
 
@@ -204,7 +206,7 @@ struct RowOps {
     auto halves = fc.chunk(2, -1);
     const auto& gate = fused_mlp ? halves[1] : halves[0];
     const auto& up = fused_mlp ? halves[0] : halves[1];
-    if (fused && kind == 0 && fc.stride(1) == 1) return silu_mul_rows(gate, up);
+    if (fused_silu && kind == 0 && fc.stride(1) == 1) return silu_mul_rows(gate, up);
     return fused_mlp ? up * activation(gate, kind) : activation(gate, kind) * up;
   }
 };
@@ -232,7 +234,8 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
   const double scale = scalars[0], softcap = scalars[1], eps = scalars[2];
   TORCH_CHECK(slot_mapping.size(0) == T && context_slots.size(0) == T, "decode_layers: one new token per sequence");
   check_slots(slot_mapping, k_caches, v_caches);
-  const RowOps rows{row_ops_exact() && x.size(1) < at::internal::GRAIN_SIZE, eps, weight_f32};
+  const bool short_rows = x.size(1) < at::internal::GRAIN_SIZE;
+  const RowOps rows{norm_rows_exact() && short_rows, silu_rows_exact() && short_rows, eps, weight_f32};
   torch::Tensor pending;  // the last layer's MLP output, added to x with the next layer's input norm
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = &weights[l * kPerLayer];

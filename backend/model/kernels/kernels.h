@@ -35,8 +35,10 @@ bool f32_gemv_available();
 torch::Tensor f32_gemv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // row_ops.cpp: RMS norm (after a residual add) and SiLU(gate) * up over float32 rows, ATen's bits where ATen runs its
-// AVX2 kernels (row_ops_exact(); AVX2 + FMA builds only).
-bool row_ops_exact();
+// AVX2 or AVX-512 kernels for the norms (norm_rows_exact()), its AVX2 ones for SiLU (silu_rows_exact()); AVX2 + FMA
+// builds only.
+bool norm_rows_exact();
+bool silu_rows_exact();
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, double eps);
 std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& w,
                                              double eps);

@@ -1,10 +1,10 @@
 // The decoder layers' small float32 row operations in one pass each: RMS norm (6 ATen operations: pow, mean, add,
 // rsqrt, two products), the residual add before it, and act(gate) * up for SiLU (2). Each is ATen's own arithmetic in
-// ATen's order under its AVX2 kernels, so the bits are those of the ATen operations decoder.py runs
-// (tests/unit/model/test_row_ops.py checks them against ATen), without their dispatches and temporaries: at batch 16
-// the demo model's step ran ~2 ms of such operations in 14 (perf/ISSUE16.md, "The norms and SiLU in one pass").
-// Exact only where ATen runs its AVX2 kernels (8-float vectors; AVX-512 ones add in another order):
-// row_ops_exact() says so, and decode_layers.cpp keeps the ATen operations elsewhere.
+// ATen's order, so the bits are those of the ATen operations decoder.py runs (tests/unit/model/test_row_ops.py checks
+// them against ATen), without their dispatches and temporaries: at batch 16 the demo model's step ran ~2 ms of such
+// operations in 14 (perf/ISSUE16.md, "The norms and SiLU in one pass"). The norms follow ATen's AVX2 sum (8-float
+// vectors), which torch's AVX-512 kernels run too (norm_rows_exact() checks that once); SiLU follows its AVX2 kernel
+// only (silu_rows_exact()). decode_layers.cpp keeps the ATen operations where they are not exact.
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
@@ -124,12 +124,48 @@ void check_norm_weight(const torch::Tensor& w, int64_t n) {
               "row_ops: the norm weight (", n, ",) float32");
 }
 
+// ATen picks its kernels once per process (the CPU, or ATEN_CPU_CAPABILITY).
+std::string aten_capability() { return at::get_cpu_capability(); }
+
+// Whether ATen's RMS norm gives norm_row's bits here: under its AVX2 kernels by construction; under its AVX-512 ones
+// where its sum still adds in the AVX2 order (torch 2.13 registers no AVX-512 sum: its AVX-512 builds run the AVX2
+// reduction; pow, the products and rsqrt round each element alike at any width). That is a fact of one torch build,
+// not a promise, so it is asked once: seeded rows of lengths that reach the cascade's levels and its leftovers, normed
+// both ways, the bits compared (a sum in another order differed in 25-60 % of such rows).
+bool norm_matches_aten() {
+  uint32_t state = 12345;  // a fixed sequence of its own: the process's torch generator is left alone
+  for (const int64_t n : {13, 40, 100, 768, 1000, 5125}) {
+    auto x = torch::empty({3, n}, torch::kFloat), w = torch::empty({n}, torch::kFloat);
+    for (auto* t : {&x, &w}) {
+      float* p = t->data_ptr<float>();
+      for (int64_t e = 0; e < t->numel(); ++e) {
+        state = state * 1664525u + 1013904223u;
+        p[e] = static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 22);
+      }
+    }
+    auto want = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5));
+    auto got = torch::empty({3, n}, x.options());
+    for (int64_t t = 0; t < 3; ++t)
+      norm_row(x.data_ptr<float>() + t * n, w.data_ptr<float>(), n, 1e-5f, got.data_ptr<float>() + t * n);
+    if (!at::equal(got, want)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-// ATen picks its kernels once per process (the CPU, or ATEN_CPU_CAPABILITY): "AVX2" is the 8-float one.
-bool row_ops_exact() {
-  static const bool avx2 = at::get_cpu_capability() == "AVX2";
-  return avx2;
+bool norm_rows_exact() {
+  static const bool exact = [] {
+    const auto capability = aten_capability();
+    return capability == "AVX2" || (capability == "AVX512" && norm_matches_aten());
+  }();
+  return exact;
+}
+
+// SiLU: ATen's AVX2 kernel only (its AVX-512 one calls another Sleef exp, whose bits this does not follow).
+bool silu_rows_exact() {
+  static const bool exact = aten_capability() == "AVX2";
+  return exact;
 }
 
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, double eps) {
@@ -168,24 +204,34 @@ torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up) 
   const int64_t T = gate.size(0), n = gate.size(1);
   auto out = torch::empty({T, n}, gate.options());
   const int64_t chunk = aten_chunk(T * n);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* g = gate.data_ptr<float>() + t * gate.stride(0);
-    const float* u = up.data_ptr<float>() + t * up.stride(0);
-    float* o = out.data_ptr<float>() + t * n;
-    // this row's spans: from its start and from each chunk start inside it
-    int64_t from = 0;
-    for (int64_t c = (t * n / chunk + 1) * chunk; c < (t + 1) * n; c += chunk) {
-      silu_mul_span(g, u, from, c - t * n, o);
-      from = c - t * n;
+  const auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* g = gate.data_ptr<float>() + t * gate.stride(0);
+      const float* u = up.data_ptr<float>() + t * up.stride(0);
+      float* o = out.data_ptr<float>() + t * n;
+      // this row's spans: from its start and from each chunk start inside it
+      int64_t from = 0;
+      for (int64_t c = (t * n / chunk + 1) * chunk; c < (t + 1) * n; c += chunk) {
+        silu_mul_span(g, u, from, c - t * n, o);
+        from = c - t * n;
+      }
+      silu_mul_span(g, u, from, n, o);
     }
-    silu_mul_span(g, u, from, n, o);
-  }
+  };
+  // Rows split between the threads where ATen splits the elements (each row's spans computed as on one thread: the
+  // same bits): at batch 16 of the 125M model (16 x 3072) one thread took 28 us a layer, as long as ATen's two-thread
+  // SiLU and product together.
+  if (chunk < T * n)
+    at::parallel_for(0, T, 1, rows);
+  else
+    rows(0, T);
   return out;
 }
 
 #else  // no AVX2 + FMA: decode_layers.cpp keeps the ATen operations
 
-bool row_ops_exact() { return false; }
+bool norm_rows_exact() { return false; }
+bool silu_rows_exact() { return false; }
 
 torch::Tensor rms_norm_rows(const torch::Tensor&, const torch::Tensor&, double) {
   TORCH_CHECK(false, "row_ops: built without AVX2 + FMA");

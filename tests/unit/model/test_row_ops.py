@@ -21,8 +21,11 @@ def _kernels():
 
 
 KERNELS = _kernels()
-pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.row_ops_exact(),
-                                reason="row operations: no kernels, or ATen runs other than its AVX2 kernels here")
+BUILT = pytest.mark.skipif(KERNELS is None, reason="the kernels did not build here")
+NORMS = pytest.mark.skipif(KERNELS is None or not KERNELS.norm_rows_exact(),
+                           reason="norms: no kernels, or ATen runs other than its AVX2 or AVX-512 kernels here")
+SILU = pytest.mark.skipif(KERNELS is None or not KERNELS.silu_rows_exact(),
+                          reason="SiLU: no kernels, or ATen runs other than its AVX2 kernels here")
 # under one vector, a vector and floats left over, rows of 4 vectors and vectors left over, the demo and 125M hidden
 # sizes (the 125M's 24 rows of 4 vectors carry once to the cascade's second level), a 5120 one, sums carried to the
 # third level (8192: 256 rows; 65536 + tails: 2048 rows) and to the fourth (4096 rows and more)
@@ -41,6 +44,7 @@ def _norm(n: int, eps: float, weight_in_float32: bool, seed: int) -> RMSNorm:
     return norm
 
 
+@NORMS
 @pytest.mark.parametrize("weight_in_float32", [False, True])
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("n", NORM_SIZES)
@@ -52,6 +56,7 @@ def test_rms_norm_is_the_python_norm_bit_for_bit(n, t, weight_in_float32):
     assert torch.equal(KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps), want)
 
 
+@NORMS
 @pytest.mark.parametrize("scale", [1e-20, 1e-3, 1e3, 1e18])
 def test_rms_norm_of_hostile_magnitudes_and_zero_rows(scale):
     """Tiny rows (eps dominates), huge ones (squares near float32's top), a zero row, one with an inf square."""
@@ -65,6 +70,7 @@ def test_rms_norm_of_hostile_magnitudes_and_zero_rows(scale):
     assert torch.equal(KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps), want)
 
 
+@NORMS
 @pytest.mark.parametrize("t", [1, 16])
 @pytest.mark.parametrize("n", [40, 256, 768, 5120])
 def test_add_rms_norm_is_the_add_then_the_python_norm(n, t):
@@ -77,6 +83,7 @@ def test_add_rms_norm_is_the_add_then_the_python_norm(n, t):
     assert torch.equal(got_sum, want_sum) and torch.equal(got, want)
 
 
+@SILU
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("t", [1, 5, 13, 16])
 @pytest.mark.parametrize("inter", [8, 17, 40, 1024, 2007, 3072, 11008])
@@ -91,6 +98,7 @@ def test_silu_mul_is_the_python_mlp_bit_for_bit(inter, t, threads):
     assert torch.equal(got, want)
 
 
+@SILU
 def test_silu_mul_of_hostile_values():
     """exp(-x) overflowing (x = -100: -0), vanishing (x = 100), infinities and NaN in both halves."""
     fc = _rows(2, 2 * 40, seed=3)
@@ -105,6 +113,7 @@ def test_silu_mul_of_hostile_values():
     assert torch.equal(got.signbit(), want.signbit())
 
 
+@NORMS
 def test_the_longest_rows_the_sum_follows():
     """Up to 2^19 rows of 4 vectors ATen's cascade steps by 16 (level_power 4); beyond, by 32, an order the sum does
     not follow: refused by name, not summed in another order. ATen at one thread: a lone row this long may be summed
@@ -120,6 +129,7 @@ def test_the_longest_rows_the_sum_follows():
         KERNELS.rms_norm_rows(over, torch.ones(longest + 32), 1e-5)
 
 
+@BUILT
 def test_what_the_row_operations_refuse():
     w = torch.ones(8)
     with pytest.raises(RuntimeError, match=r"x \(T, n\) float32"):
