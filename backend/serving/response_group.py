@@ -23,10 +23,20 @@ import numpy as np
 Tensors = dict[str, np.ndarray]
 
 
+# The pb_utils.TritonError codes a row's error may carry (Triton's names).
+ROW_ERROR_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
+
+
 @dataclass(frozen=True)
 class RowError:
     message: str
-    code: str = "INTERNAL"  # the pb_utils.TritonError code's name: INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL
+    code: str = "INTERNAL"  # one of ROW_ERROR_CODES
+
+    def __post_init__(self) -> None:
+        # checked where the error is made: a code no sender knows would fail the send of the request's last
+        # response (stream_errors.error_tensors, pb_utils.TritonError), leaving its client waiting
+        if self.code not in ROW_ERROR_CODES:
+            raise ValueError(f"RowError code must be one of {', '.join(ROW_ERROR_CODES)}, got {self.code!r}")
 
 
 # send(response, final, on_sent): response is Tensors, a RowError, or None (a flag-only final, decoupled only);

@@ -21,12 +21,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from backend.errors import InvalidRequestError
+from backend.serving.response_group import ROW_ERROR_CODES
 
 INPUT = "errors_in_stream"  # tensorrt_llm's input (BOOL): send errors as stream_error responses
 OUTPUT = "stream_error"  # tensorrt_llm's output: [code, message] (bytes), in its stream's final response
 POSTPROCESSING_INPUT = "STREAM_ERROR"
-# pb_utils.TritonError codes a stream_error may carry (the ones tensorrt_llm's RowError uses).
-CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
+CODES = ROW_ERROR_CODES  # the pb_utils.TritonError codes a stream_error may carry: a RowError's
 
 
 def wanted(inputs: Mapping[str, np.ndarray], decoupled: bool) -> bool:
@@ -42,9 +42,7 @@ def wanted(inputs: Mapping[str, np.ndarray], decoupled: bool) -> bool:
 
 def error_tensors(code: str, message: str, request_key: int) -> dict[str, np.ndarray]:
     """The final response that carries an error: no tokens (postprocessing's required inputs are there), the
-    request's key (postprocessing forgets its stream), stream_error (1, 2)."""
-    if code not in CODES:
-        raise ValueError(f"unknown error code {code!r}")
+    request's key (postprocessing forgets its stream), stream_error (1, 2). code: a RowError's (checked there)."""
     return {
         "output_ids": np.zeros((1, 1, 0), dtype=np.int32),
         "sequence_length": np.zeros((1, 1), dtype=np.int32),

@@ -7,6 +7,7 @@ import pytest
 
 from backend.errors import InvalidRequestError
 from backend.serving import stream_errors
+from backend.serving.response_group import RowError
 
 
 def test_only_a_decoupled_request_that_asks_gets_its_errors_in_the_stream():
@@ -25,8 +26,13 @@ def test_error_tensors_round_trip_through_postprocessing():
     assert tensors["output_ids"].shape == (1, 1, 0) and tensors["sequence_length"].tolist() == [[0]]
     assert tensors["stream_final"].tolist() == [[True]] and tensors["request_key"].tolist() == [[2**63 - 1]]
     assert stream_errors.read(tensors["stream_error"]) == ("UNAVAILABLE", message)
-    with pytest.raises(ValueError, match="unknown error code"):
-        stream_errors.error_tensors("NOT_A_CODE", "x", 1)
+
+
+def test_a_row_error_with_a_code_no_sender_knows_is_refused_where_it_is_made():
+    """Not at the send of the request's last response, where it would leave the client waiting."""
+    with pytest.raises(ValueError, match="RowError code must be one of INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL"):
+        RowError("x", "NOT_A_CODE")
+    assert [RowError("x", code).code for code in stream_errors.CODES] == list(stream_errors.CODES)
 
 
 @pytest.mark.parametrize("value, match", [
