@@ -165,11 +165,23 @@ void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp
   }
 }
 
+// Where this thread's first strip of a product of `strips` lies: at::parallel_for's static ranges (OpenMP: as many
+// threads as strips allow, divup(strips, threads) strips each) put each thread at the same place in every call.
+int64_t first_strip(int64_t strips) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), strips);
+  return at::get_thread_num() * ((strips + threads - 1) / threads);
+}
+
 }  // namespace
 
 bool bf16_gemv_available() { return true; }
 
-torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+// then: the next linear's interleaved weight (or empty). A thread's last strip here asks for the first full strip that
+// thread takes there, as its other strips ask for their next one: the next product then starts on weights in L2
+// instead of from memory (its first strip of every thread was read on demand; 0.98-0.985x the 125M model's batch-16
+// decode step, perf/ISSUE16.md).
+torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
+                        const torch::Tensor& then) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && x.scalar_type() == at::kFloat,
               "bf16_gemv: x (M, K) float32 with 1 <= M <= ", kGemvMaxRows);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
@@ -179,6 +191,9 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
   const bool has_bias = bias.defined() && bias.numel() > 0;
   TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kBFloat16 && bias.is_contiguous()),
               "bf16_gemv: bias (N,) bfloat16");
+  const bool has_then = then.defined() && then.numel() > 0;
+  TORCH_CHECK(!has_then || (then.dim() == 2 && then.scalar_type() == at::kBFloat16 && then.is_contiguous()),
+              "bf16_gemv: then (N', K' padded to 2) bfloat16, interleaved");
   // x rounded to bf16 as PrepackedLinear rounds it, zero past K (the padded weight column is zero too): (M, Kp),
   // in this thread's buffer (kept between calls; the other threads only read it)
   const auto xc = x.stride(1) == 1 ? x : x.contiguous();
@@ -190,14 +205,19 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const uint16_t* xv = x_bf16.data();
   const at::BFloat16* b = has_bias ? bias.data_ptr<at::BFloat16>() : nullptr;
+  const auto* then_w = has_then ? reinterpret_cast<const uint16_t*>(then.data_ptr<at::BFloat16>()) : nullptr;
   const int64_t strips = (N + kStrip - 1) / kStrip;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t n0 = s * kStrip, cols = std::min(kStrip, N - n0);
       const uint16_t* strip = w + n0 * Kp;
       const at::BFloat16* bias_cols = b ? b + n0 : nullptr;
-      // the next strip, where it is a full one of this thread's
+      // the next strip, where it is a full one of this thread's; after its last, its first of `then`
       const uint16_t* next = s + 1 < end && n0 + 2 * kStrip <= N ? w + (n0 + kStrip) * Kp : nullptr;
+      if (s + 1 == end && has_then) {
+        const int64_t then_n = then.size(0), first = first_strip((then_n + kStrip - 1) / kStrip);
+        if ((first + 1) * kStrip <= then_n) next = then_w + first * kStrip * then.size(1);
+      }
       if (cols == kStrip) {
         strip_rows<true, kStripTiles>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, next);
         continue;
@@ -217,7 +237,7 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
 
 bool bf16_gemv_available() { return false; }
 
-torch::Tensor bf16_gemv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+torch::Tensor bf16_gemv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "bf16_gemv: built without AVX-512 BF16 (this CPU has none)");
 }
 

@@ -15,7 +15,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("causal_prefill_available", &causal_prefill_available,
         "whether causal_prefill was compiled (the CPU has AVX-512 BF16)");
-  m.def("bf16_gemv", &bf16_gemv, "a bf16 linear of 1-16 rows over interleaved weights (AVX-512 BF16, CPU)",
+  m.def("bf16_gemv", [](const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+    return bf16_gemv(x, packed, bias);
+  }, "a bf16 linear of 1-16 rows over interleaved weights (AVX-512 BF16, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_gemv_available", &bf16_gemv_available, "whether bf16_gemv was compiled (the CPU has AVX-512 BF16)");
   m.def("f32_gemv", &f32_gemv, "a float32 linear of 1-16 rows over its row-major weight (AVX2 + FMA, CPU)",

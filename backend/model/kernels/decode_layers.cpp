@@ -34,10 +34,13 @@ bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 // kGemvMaxRows rows on the GEMV's copy where there is one, as PrepackedLinear.forward does: the packed weight's
 // dtype is the linear's, which picks the kernel (bf16 linears: bf16_gemv.cpp over an interleaved copy; float32
 // ones: f32_gemv.cpp over a row-major float32 or bf16 one).
+// then: the GEMV copy of the linear that runs next (bf16 ones ask for its first strips ahead, bf16_gemv.cpp).
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
-                            const torch::Tensor& gemv) {
-  if (x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && present(gemv))
-    return packed.scalar_type() == at::kFloat ? f32_gemv(x, gemv, bias) : bf16_gemv(x, gemv, bias);
+                            const torch::Tensor& gemv, const torch::Tensor& then) {
+  if (x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && present(gemv)) {
+    if (packed.scalar_type() == at::kFloat) return f32_gemv(x, gemv, bias);
+    return bf16_gemv(x, gemv, bias, then.defined() && then.scalar_type() == at::kBFloat16 ? then : torch::Tensor());
+  }
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const bool cast = packed.scalar_type() != x.scalar_type();
   torch::jit::Stack stack{cast ? x.to(packed.scalar_type()) : x, packed,
@@ -245,7 +248,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     else
       normed = rows.norm(x, w[kInputNorm]);
     // Attention: qkv (T, (H + 2 KV) d) = q heads, k heads, v heads.
-    auto qkv = packed_linear(normed, w[kQkv], w[kQkvBias], w[kQkvGemv]);
+    auto qkv = packed_linear(normed, w[kQkv], w[kQkvBias], w[kQkvGemv], w[kDenseGemv]);
     // q (T, H, d), rotated; the step's K/V rows written to the pools
     std::optional<torch::Tensor> fast;
     if (!present(w[kQNorm]))
@@ -254,7 +257,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
                         : rotate_and_store_aten(qkv, w, T, H, KV, d, eps, cos, sin_signed, slot_mapping, k_caches[l],
                                                 v_caches[l]);
     auto attn = paged_decode(q, k_caches[l], v_caches[l], context_slots, col_starts[l], col_ends[l], scale, softcap);
-    attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor(), w[kDenseGemv]);
+    attn = packed_linear(attn.view({T, H * d}), w[kDense], torch::Tensor(), w[kDenseGemv], w[kFcGemv]);
     // MLP: fc holds [fc | gate] (HF gate_proj | up_proj) rows, or [up | gate] when fused (Phi-3).
     torch::Tensor mlp_in;
     if (sandwich) {
@@ -263,8 +266,10 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     } else {
       std::tie(x, mlp_in) = rows.add_norm(x, attn, w[kPostNorm]);
     }
-    auto hidden = rows.gated(packed_linear(mlp_in, w[kFc], torch::Tensor(), w[kFcGemv]), dims[4], fused_mlp);
-    auto mlp = packed_linear(hidden, w[kProj], torch::Tensor(), w[kProjGemv]);
+    auto hidden = rows.gated(packed_linear(mlp_in, w[kFc], torch::Tensor(), w[kFcGemv], w[kProjGemv]), dims[4],
+                             fused_mlp);
+    const auto next_qkv = l + 1 < layers ? weights[(l + 1) * kPerLayer + kQkvGemv] : torch::Tensor();
+    auto mlp = packed_linear(hidden, w[kProj], torch::Tensor(), w[kProjGemv], next_qkv);
     pending = sandwich ? rows.norm(mlp, w[kPostMlpNorm]) : mlp;
   }
   if (pending.defined()) x = x + pending;

@@ -27,8 +27,10 @@ torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, con
 // bf16_gemv.cpp: a bf16 linear of 1 to kGemvMaxRows rows over weights interleaved by bf16_gemv.py (AVX-512 BF16
 // CPUs); more rows go to oneDNN (bf16_gemv.py's MAX_ROWS mirrors it).
 constexpr int64_t kGemvMaxRows = 16;
+// then: the interleaved copy of the bf16 linear that runs next (decode_layers.cpp), or an empty tensor.
 bool bf16_gemv_available();
-torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);
+torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
+                        const torch::Tensor& then = torch::Tensor());
 
 // f32_gemv.cpp: a float32 linear of 1 to kGemvMaxRows rows over its row-major weight (AVX2 + FMA CPUs).
 bool f32_gemv_available();
