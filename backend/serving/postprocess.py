@@ -1,6 +1,7 @@
 """The postprocessing step: output token ids -> text, streaming-correct (see backend.serving.detokenizer)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +11,25 @@ from backend.serving.detokenizer import decode_delta
 from backend.serving.preprocess import load_tokenizer
 
 
+def model_vocab_size(tokenizer_dir: str | Path) -> int | None:
+    """vocab_size of the HF config beside the tokenizer (the rows of the model's embedding and LM head), or None.
+    Checkpoints often pad it past the tokenizer's ids (Qwen2: 151,936 rows for 151,665 ids; Phi-3: 32,064 for
+    32,011), and the model may generate any of its rows."""
+    try:
+        value = json.loads((Path(tokenizer_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 class Postprocessor:
     def __init__(self, tokenizer_dir: str | Path, skip_special_tokens: bool = True) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.skip_special_tokens = skip_special_tokens  # the anchor's postprocessing parameter (default true)
-        self.vocab_size = len(self.tokenizer)  # ids the tokenizer can turn into text
+        # ids this step takes: the model's rows where its config says (those past the tokenizer's ids decode to no
+        # text, as HF's decode and the anchor's postprocessing make of them; refused, one such generated id failed
+        # its stream mid-way), else the tokenizer's
+        self.vocab_size = max(len(self.tokenizer), model_vocab_size(tokenizer_dir) or 0)
 
     def texts(
         self,
@@ -55,7 +70,7 @@ class Postprocessor:
     def _check_ids(self, name: str, ids: np.ndarray) -> None:
         bad = ids[(ids < 0) | (ids >= self.vocab_size)]
         if bad.size:
-            raise InvalidRequestError(f"{name} holds token ids outside the tokenizer's vocabulary "
+            raise InvalidRequestError(f"{name} holds token ids outside the model's vocabulary "
                                       f"[0, {self.vocab_size}): {bad[:5].tolist()}")
 
     @staticmethod

@@ -1,6 +1,9 @@
 """Pre- and postprocessing steps on the demo tokenizer: text <-> ids, word lists, streamed text."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -82,7 +85,7 @@ def test_texts_without_context_decode_the_tokens(post, pre):
 
 
 @pytest.mark.parametrize("tokens, lengths, message", [
-    ([[[5, -3]]], [[2]], r"TOKENS_BATCH holds token ids outside the tokenizer's vocabulary \[0, \d+\): \[-3\]"),
+    ([[[5, -3]]], [[2]], r"TOKENS_BATCH holds token ids outside the model's vocabulary \[0, \d+\): \[-3\]"),
     ([[[5, 2**30]]], [[2]], "TOKENS_BATCH holds token ids outside"),
     ([[[5, 6]]], [[3]], r"SEQUENCE_LENGTH values must be in \[0, 2\]"),
     ([[[5, 6]]], [[-1]], r"SEQUENCE_LENGTH values must be in \[0, 2\]"),
@@ -92,6 +95,37 @@ def test_texts_without_context_decode_the_tokens(post, pre):
 def test_texts_refuse_what_cannot_be_decoded(post, tokens, lengths, message):
     with pytest.raises(InvalidRequestError, match=message):
         post.texts(np.array(tokens, dtype=np.int32), np.array(lengths, dtype=np.int32), None, None)
+
+
+def test_a_padded_vocabulary_s_ids_past_the_tokenizer_decode_to_no_text(tokenizer_dir, tmp_path, pre):
+    """A checkpoint whose config has more rows than the tokenizer has ids (Qwen2, Phi-3): the model may generate
+    one mid-stream; it adds no text, as in HF's decode, instead of failing the stream. Past the rows: refused."""
+    for f in tokenizer_dir.iterdir():
+        if f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    known = len(pre.tokenizer)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": known + 64}))
+    post = Postprocessor(tmp_path)
+    ids = pre.encode_query(TEXT)
+    stream = [*ids[:3], known, *ids[3:], known + 63]
+    pieces = []
+    for i, token in enumerate(stream):
+        context = np.array(stream[max(0, i - 8) : i], dtype=np.int32).reshape(1, 1, -1)
+        final = np.array([[i == len(stream) - 1]])
+        pieces.append(post.texts(np.array([[[token]]], dtype=np.int32), np.array([[1]]), context, final)[0])
+    assert b"".join(pieces).decode("utf-8") == TEXT == pre.tokenizer.decode(stream)
+    with pytest.raises(InvalidRequestError, match=rf"outside the model's vocabulary \[0, {known + 64}\): \[{known + 64}\]"):
+        post.texts(np.array([[[5, known + 64]]], dtype=np.int32), np.array([[2]]), None, None)
+
+
+@pytest.mark.parametrize("config", ['{"vocab_size": "many"}', '{"vocab_size": -5}', '{"vocab_size": 12.5}', "{}"])
+def test_a_config_without_a_usable_vocab_size_leaves_the_tokenizer_s(tokenizer_dir, tmp_path, pre, config):
+    """(A config.json that is not JSON fails the tokenizer's own loading first.)"""
+    for f in tokenizer_dir.iterdir():
+        if f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "config.json").write_text(config)
+    assert Postprocessor(tmp_path).vocab_size == len(pre.tokenizer)
 
 
 def test_ids_past_the_sequence_length_are_not_checked(post):
