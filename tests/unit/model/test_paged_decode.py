@@ -164,13 +164,15 @@ def test_the_kernel_lets_other_python_threads_run():
         tries = []
         for _ in range(3):  # a busy machine may starve the counter once; a held GIL starves it every time
             tries.append(share_during_a_call())
-            if tries[-1][0] > 0.5:
+            if tries[-1][0] > 0.25:
                 break
     finally:
         done.set()
         worker.join()
         torch.set_num_threads(threads)
-    assert tries[-1][0] > 0.5, f"the GIL looks held during the kernel: {tries}"
+    # released: ~1 on an idle machine, 0.49-0.50 with every core taken by other processes (seen: a fresh-clone CI
+    # beside this test); held: at most one switch interval of the call, ~0.01-0.1
+    assert tries[-1][0] > 0.25, f"the GIL looks held during the kernel: {tries}"
 
 
 def test_where_the_kernel_is_chosen():
