@@ -12,6 +12,7 @@ from backend.formats.checkpoint import TrtllmCheckpointConfig
 from backend.formats.config_groups import LongRopeKeys
 from backend.model.rope import RopeSpec, dynamic_inv_freq, longrope_inv_freq, longrope_scaling, static_inv_freq
 from backend.model.decoder import signed_sin
+from backend.model import rotary as rotary_module
 from backend.model.rotary import RotaryEmbedding
 
 HEAD, THETA = 16, 10000.0
@@ -31,9 +32,10 @@ def _hf(kind: str, params: dict, max_pos: int = 48):
                                 max_position_embeddings=max_pos, rope_parameters=rope)
 
 
-def _ours(kind: str, params: dict, max_pos: int = 48, **keys) -> RopeSpec:
-    cfg = TrtllmCheckpointConfig(vocab_size=8, max_position_embeddings=max_pos, hidden_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=4, head_size=HEAD, intermediate_size=8,
+def _ours(kind: str, params: dict, max_pos: int = 48, head: int = HEAD, **keys) -> RopeSpec:
+    cfg = TrtllmCheckpointConfig(vocab_size=8, max_position_embeddings=max_pos, hidden_size=4 * head,
+                                 num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, head_size=head,
+                                 intermediate_size=8,
                                  norm_epsilon=1e-5, rotary_base=THETA,
                                  rotary_scaling=None if kind in ("", "default") else {"type": kind.split("_")[0], **params},
                                  **keys)
@@ -119,3 +121,37 @@ def test_unsupported_rotary_keys_are_refused(scaling, message):
     kind = scaling.pop("type")
     with pytest.raises(ValueError, match=message):
         _ours(kind, scaling)
+
+
+@pytest.mark.parametrize("kind", ["default", "linear", "llama3", "yarn", "yarn_mscale"])
+def test_the_static_table_gives_the_computed_rows_bit_for_bit(kind, monkeypatch):
+    """cos / signed sin of a static rotary from its table (grown a chunk at a time as positions reach it) against
+    the same operations on the step's positions, over steps that cross chunk edges, and cos_sin's HF form."""
+    monkeypatch.setattr(rotary_module, "_TABLE_CHUNK", 256)
+    monkeypatch.setattr(rotary_module, "_TABLE_MAX", 2048)
+    spec = _ours(kind, SCALINGS.get(kind, {}), head=64)
+    rotary = RotaryEmbedding(spec, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    for top in (10, 255, 256, 700, 2047):
+        positions = torch.randint(0, top + 1, (16,), generator=g)
+        positions[0] = top
+        lens = (positions + 1, positions + 1)
+        got = rotary.cos_signed_sin(positions, *lens)
+        assert rotary._cos_rows.shape[0] == (top // 256 + 1) * 256  # grown to cover them, a chunk at a time
+        want = rotary._cos_signed_sin(positions, *lens)
+        cos, sin = rotary.cos_sin(positions, *lens)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert torch.equal(got[0], cos) and torch.equal(got[1], signed_sin(sin))
+
+
+def test_what_the_table_leaves_to_the_computation(monkeypatch):
+    """Positions past its end, dynamic and longrope kinds (per-token frequencies), widths with a scalar tail."""
+    monkeypatch.setattr(rotary_module, "_TABLE_MAX", 2048)
+    rotary = RotaryEmbedding(_ours("default", {}, head=64), torch.device("cpu"))
+    far = torch.tensor([5, 2048])
+    assert not rotary._tabled(far) and rotary._cos_rows is None
+    lens = (far + 1, far + 1)
+    assert torch.equal(rotary.cos_signed_sin(far, *lens)[0], rotary._cos_signed_sin(far, *lens)[0])
+    for kind, head in (("dynamic", 64), ("default", 16), ("default", 48)):
+        rotary = RotaryEmbedding(_ours(kind, SCALINGS.get(kind, {}), head=head), torch.device("cpu"))
+        assert not rotary._tabled(torch.tensor([3]))
