@@ -56,12 +56,13 @@ class ModelTokenizer:
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each token as text on its own (OpenAI's `tokens` / `token`): a byte-level token that is part of a
-        multi-byte character shows as U+FFFD, as other servers do."""
+        multi-byte character shows as U+FFFD, as other servers do; an id past the tokenizer's (a padded vocabulary's
+        row, which the model may generate or rank among the top log-probs) as "", as the text holds nothing for it."""
         if self.tokenizer is None:
             raise bad_request("log-probs need the model's tokenizer: start the server with --tokenizer-dir",
                               "logprobs")
         pieces = self.tokenizer.convert_ids_to_tokens(ids)
-        return [self.tokenizer.convert_tokens_to_string([p]) for p in pieces]
+        return ["" if p is None else self.tokenizer.convert_tokens_to_string([p]) for p in pieces]
 
 
 def _reserved(tokenizer) -> frozenset[str]:

@@ -52,6 +52,9 @@ def test_template_errors_are_400(tokenizer_dir, tmp_path):
 
 def test_token_strings(tokenizer_dir):
     assert ModelTokenizer(tokenizer_dir).token_strings([1, 2]) == ["hello", "world"]
+    # a padded vocabulary's row past the tokenizer's ids (generated, or among the top log-probs): no text, no error
+    known = len(ModelTokenizer(tokenizer_dir).tokenizer)
+    assert ModelTokenizer(tokenizer_dir).token_strings([1, known, known + 40]) == ["hello", "", ""]
     with pytest.raises(OpenAIError, match="--tokenizer-dir"):
         ModelTokenizer(None).token_strings([1])
 
