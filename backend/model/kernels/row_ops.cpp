@@ -124,9 +124,6 @@ void check_norm_weight(const torch::Tensor& w, int64_t n) {
               "row_ops: the norm weight (", n, ",) float32");
 }
 
-// ATen picks its kernels once per process (the CPU, or ATEN_CPU_CAPABILITY).
-std::string aten_capability() { return at::get_cpu_capability(); }
-
 // Whether ATen's RMS norm gives norm_row's bits here: under its AVX2 kernels by construction; under its AVX-512 ones
 // where its sum still adds in the AVX2 order (torch 2.13 registers no AVX-512 sum: its AVX-512 builds run the AVX2
 // reduction; pow, the products and rsqrt round each element alike at any width). That is a fact of one torch build,
@@ -143,20 +140,18 @@ bool norm_matches_aten() {
         p[e] = static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 22);
       }
     }
-    auto want = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5));
-    auto got = torch::empty({3, n}, x.options());
-    for (int64_t t = 0; t < 3; ++t)
-      norm_row(x.data_ptr<float>() + t * n, w.data_ptr<float>(), n, 1e-5f, got.data_ptr<float>() + t * n);
-    if (!at::equal(got, want)) return false;
+    const auto want = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5));  // decoder.RMSNorm in float32
+    if (!at::equal(rms_norm_rows(x, w, 1e-5), want)) return false;
   }
   return true;
 }
 
 }  // namespace
 
+// ATen picks its kernels once per process (the CPU, or ATEN_CPU_CAPABILITY).
 bool norm_rows_exact() {
   static const bool exact = [] {
-    const auto capability = aten_capability();
+    const auto capability = at::get_cpu_capability();
     return capability == "AVX2" || (capability == "AVX512" && norm_matches_aten());
   }();
   return exact;
@@ -164,7 +159,7 @@ bool norm_rows_exact() {
 
 // SiLU: ATen's AVX2 kernel only (its AVX-512 one calls another Sleef exp, whose bits this does not follow).
 bool silu_rows_exact() {
-  static const bool exact = aten_capability() == "AVX2";
+  static const bool exact = at::get_cpu_capability() == "AVX2";
   return exact;
 }
 

@@ -114,7 +114,8 @@ def test_a_padded_vocabulary_s_ids_past_the_tokenizer_decode_to_no_text(tokenize
         final = np.array([[i == len(stream) - 1]])
         pieces.append(post.texts(np.array([[[token]]], dtype=np.int32), np.array([[1]]), context, final)[0])
     assert b"".join(pieces).decode("utf-8") == TEXT == pre.tokenizer.decode(stream)
-    with pytest.raises(InvalidRequestError, match=rf"outside the model's vocabulary \[0, {known + 64}\): \[{known + 64}\]"):
+    past = rf"outside the model's vocabulary \[0, {known + 64}\): \[{known + 64}\]"
+    with pytest.raises(InvalidRequestError, match=past):
         post.texts(np.array([[[5, known + 64]]], dtype=np.int32), np.array([[2]]), None, None)
 
 
