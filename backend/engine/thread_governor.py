@@ -7,7 +7,11 @@ process takes part of a core, a step at 2 threads waits at every barrier for a d
 and then it runs a few steps at a neighbouring thread count, interleaved with steps at the current one, and keeps
 whichever was faster. Only steps of the same shape are compared (same number of sequences and tokens: consecutive
 decode steps, whose cost differs by one context position), so a change in the batch never reads as a change in the
-machine. A probe that confirms the current count doubles the wait before the next one (up to max_period steps);
+machine; and a probe starts only on a step of the same shape as the one before it (a steady batch), so that a step of
+a passing shape (a prompt's prefill between decode steps, which ends any probe) never runs at the candidate count.
+Before, each such step started a new probe: shapes that changed every step (requests arriving while others decode,
+or short generations) ran every step at the candidate count, a 2,048-token prefill at one thread of two in 1.23 s
+instead of 0.66 (perf/ISSUE16.md). A probe that confirms the current count doubles the wait before the next one (up to max_period steps);
 a switch brings it back to min_period.
 """
 from __future__ import annotations
@@ -49,14 +53,16 @@ class ThreadGovernor:
         self.current, self.applied = max_threads, None
         self.period, self.steps, self.next_probe = min_period, 0, min_period // 4
         self.probe: _Probe | None = None
+        self.last_shape: Shape | None = None  # the step before this one's
         self._upward = False  # which neighbour the next probe tries first
         self.switches = 0
 
     def begin(self, shape: Shape) -> int:
         self.steps += 1
+        steady, self.last_shape = shape == self.last_shape, shape
         if self.probe is not None and self.probe.shape != shape:
-            self.probe = None  # the batch changed mid-probe: not comparable; try again at the next step
-        if self.probe is None and self.steps >= self.next_probe and len(self.levels) > 1:
+            self.probe = None  # the batch changed mid-probe: not comparable; try again once it is steady
+        if self.probe is None and steady and self.steps >= self.next_probe and len(self.levels) > 1:
             self.probe = self._start_probe(shape)
         threads = self.probe.schedule[0] if self.probe is not None else self.current
         if threads != self.applied:

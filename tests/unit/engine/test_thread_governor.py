@@ -74,6 +74,25 @@ def test_steps_of_another_shape_never_count_in_a_probe():
     assert governor.current == 2 and governor.switches == 0
 
 
+def test_steps_of_a_changing_batch_run_at_the_current_count():
+    # Shapes changing every step (short generations, arrivals beside decoding rows): no probe starts, so no step runs
+    # at the candidate count; before, each step started a probe and ran at one thread.
+    machine = Machine({1: 0.2, 2: 0.1})
+    governor = ThreadGovernor(2, machine.set_threads)
+    used = [n for _ in range(300) for n in machine.run(governor, 1, (16, 2048)) + machine.run(governor, 1, DECODE)]
+    assert used == [2] * 600
+
+
+def test_a_passing_shape_ends_a_probe_and_runs_at_the_current_count():
+    machine = Machine({1: 0.2, 2: 0.1})
+    governor = ThreadGovernor(2, machine.set_threads, probe_steps=2, min_period=8)
+    assert machine.run(governor, 1) == [2]  # the first step: nothing to be steady with
+    assert machine.run(governor, 1) == [1]  # step 2: a probe starts with the candidate (min_period // 4 = 2)
+    assert machine.run(governor, 1, (16, 2048)) == [2]  # a prefill: the probe ends, the step keeps the current count
+    assert governor.probe is None
+    assert machine.run(governor, 2) == [2, 1]  # decode again: steady from its second step, where a new probe starts
+
+
 def test_only_changes_are_applied():
     machine = Machine({1: 0.1, 2: 0.05})
     governor = ThreadGovernor(2, machine.set_threads)
