@@ -27,10 +27,12 @@ MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
 
 
 def counters(url: str) -> dict[str, dict[str, tuple[int, int]]]:
-    """model -> {queue, compute_infer}: (count, ns), Triton's cumulative inference statistics."""
+    """model -> {queue, compute_infer}: (count, ns), Triton's cumulative inference statistics, and {executions}:
+    (model executions, 0): fewer than its requests where the dynamic batcher handed several to one execute()."""
     stats = grpcclient.InferenceServerClient(url).get_inference_statistics(as_json=True)
-    return {m["name"]: {k: (int(m["inference_stats"][k].get("count", 0)), int(m["inference_stats"][k].get("ns", 0)))
-                        for k in ("queue", "compute_infer")} for m in stats["model_stats"]}
+    return {m["name"]: {"executions": (int(m.get("execution_count", 0)), 0),
+                        **{k: (int(m["inference_stats"][k].get("count", 0)), int(m["inference_stats"][k].get("ns", 0)))
+                           for k in ("queue", "compute_infer")}} for m in stats["model_stats"]}
 
 
 def main() -> None:
@@ -51,10 +53,10 @@ def main() -> None:
             after = counters(server.grpc_url)
             line = f"repeat {rep}: {m.output_tok_s:.0f} tok/s, TTFT p50 {statistics.median(m.ttfts_ms):.0f} ms"
             for name in MODELS:
-                (n, queue_ns), (_, compute_ns) = ((after[name][k][0] - before[name][k][0],
-                                                   after[name][k][1] - before[name][k][1])
-                                                  for k in ("queue", "compute_infer"))
-                line += (f" | {name}: {n} executions, queue {queue_ns / max(n, 1) / 1e6:.2f} ms, "
+                (n, queue_ns), (_, compute_ns), (runs, _) = (
+                    (after[name][k][0] - before[name][k][0], after[name][k][1] - before[name][k][1])
+                    for k in ("queue", "compute_infer", "executions"))
+                line += (f" | {name}: {n} requests in {runs} executions, queue {queue_ns / max(n, 1) / 1e6:.2f} ms, "
                          f"compute {compute_ns / max(n, 1) / 1e6:.2f} ms")
             print(line, flush=True)
     finally:
