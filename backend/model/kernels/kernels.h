@@ -37,7 +37,7 @@ bool f32_gemv_available();
 torch::Tensor f32_gemv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // row_ops.cpp: RMS norm (after a residual add) and SiLU(gate) * up over float32 rows, ATen's bits where ATen runs its
-// AVX2 or AVX-512 kernels for the norms (norm_rows_exact()), its AVX2 ones for SiLU (silu_rows_exact()); AVX2 + FMA
+// AVX2 or AVX-512 kernels (norm_rows_exact(), silu_rows_exact(): where the AVX-512 ones are checked alike); AVX2 + FMA
 // builds only.
 bool norm_rows_exact();
 bool silu_rows_exact();

@@ -3,8 +3,9 @@
 // ATen's order, so the bits are those of the ATen operations decoder.py runs (tests/unit/model/test_row_ops.py checks
 // them against ATen), without their dispatches and temporaries: at batch 16 the demo model's step ran ~2 ms of such
 // operations in 14 (perf/ISSUE16.md, "The norms and SiLU in one pass"). The norms follow ATen's AVX2 sum (8-float
-// vectors), which torch's AVX-512 kernels run too (norm_rows_exact() checks that once); SiLU follows its AVX2 kernel
-// only (silu_rows_exact()). decode_layers.cpp keeps the ATen operations where they are not exact.
+// vectors), which torch's AVX-512 kernels run too (norm_rows_exact() checks that once); SiLU follows the kernel ATen
+// runs, AVX2 or AVX-512 (silu_rows_exact(): the AVX-512 one checked once). decode_layers.cpp keeps the ATen
+// operations where they are not exact.
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -104,6 +107,34 @@ void silu_mul_span(const float* gate, const float* up, int64_t from, int64_t to,
   for (; e < to; ++e) out[e] = gate[e] / (1.f + std::exp(-gate[e])) * up[e];
 }
 
+#if defined(__AVX512F__)
+// silu_mul_span as ATen's AVX-512 kernel computes SiLU (vec512_float.h: 16-float vectors, exp by Sleef_expf16_u10),
+// over 32-float pairs of vectors, the floats left over with the scalar expf.
+void silu_mul_span16(const float* gate, const float* up, int64_t from, int64_t to, float* out) {
+  const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
+  int64_t e = from;
+  for (; e + 32 <= to; e += 32)
+    for (int64_t h = e; h < e + 32; h += 16) {
+      const __m512 g = _mm512_loadu_ps(gate + h);
+      const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_xor_ps(sign, g))));
+      _mm512_storeu_ps(out + h, _mm512_mul_ps(s, _mm512_loadu_ps(up + h)));
+    }
+  for (; e < to; ++e) out[e] = gate[e] / (1.f + std::exp(-gate[e])) * up[e];
+}
+#endif
+
+using SiluSpan = void (*)(const float*, const float*, int64_t, int64_t, float*);
+
+// The span that follows the SiLU kernel ATen runs here (nullptr: neither).
+SiluSpan aten_silu_span() {
+  const auto capability = at::get_cpu_capability();
+  if (capability == "AVX2") return silu_mul_span;
+#if defined(__AVX512F__)
+  if (capability == "AVX512") return silu_mul_span16;
+#endif
+  return nullptr;
+}
+
 // Where ATen's elementwise loop over numel elements starts anew besides each row's start: each thread's chunk, when
 // TensorIterator::for_each splits them (at::parallel_for, grain 32768: one chunk per thread, divup(numel, threads)
 // long). Returns the chunk length (numel: no split).
@@ -146,6 +177,24 @@ bool norm_matches_aten() {
   return true;
 }
 
+// Whether silu_mul_rows gives ATen's silu(gate) * up here: seeded rows of lengths with 32-float runs, scalar tails and
+// (T x 3072, over ATen's grain) a split between threads, values of up to +-16 (exp's range where it rounds most).
+bool silu_matches_aten() {
+  uint32_t state = 54321;
+  for (const auto& [T, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{1, 13}, {3, 40}, {2, 1000},
+                                                                              {13, 3072}, {16, 3072}}) {
+    auto fc = torch::empty({T, 2 * n}, torch::kFloat);
+    float* p = fc.data_ptr<float>();
+    for (int64_t e = 0; e < fc.numel(); ++e) {
+      state = state * 1664525u + 1013904223u;
+      p[e] = static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 19);
+    }
+    const auto halves = fc.chunk(2, -1);
+    if (!at::equal(silu_mul_rows(halves[0], halves[1]), at::silu(halves[0]) * halves[1])) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 // ATen picks its kernels once per process (the CPU, or ATEN_CPU_CAPABILITY).
@@ -157,9 +206,13 @@ bool norm_rows_exact() {
   return exact;
 }
 
-// SiLU: ATen's AVX2 kernel only (its AVX-512 one calls another Sleef exp, whose bits this does not follow).
+// SiLU: ATen's AVX2 kernel by construction; its AVX-512 one where seeded rows give the same bits both ways (the
+// vectors' exp is Sleef's in torch 2.13's vec512_float.h, a fact of that build asked once, as for the norms).
 bool silu_rows_exact() {
-  static const bool exact = at::get_cpu_capability() == "AVX2";
+  static const bool exact = [] {
+    const auto capability = at::get_cpu_capability();
+    return capability == "AVX2" || (capability == "AVX512" && aten_silu_span() != nullptr && silu_matches_aten());
+  }();
   return exact;
 }
 
@@ -196,6 +249,8 @@ torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up) 
   check_rows(gate, "gate");
   check_rows(up, "up");
   TORCH_CHECK(up.sizes() == gate.sizes(), "row_ops: gate and up differ in shape");
+  static const SiluSpan span = aten_silu_span();
+  TORCH_CHECK(span != nullptr, "row_ops: SiLU follows ATen's AVX2 or AVX-512 kernels, and ATen runs neither here");
   const int64_t T = gate.size(0), n = gate.size(1);
   auto out = torch::empty({T, n}, gate.options());
   const int64_t chunk = aten_chunk(T * n);
@@ -207,10 +262,10 @@ torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up) 
       // this row's spans: from its start and from each chunk start inside it
       int64_t from = 0;
       for (int64_t c = (t * n / chunk + 1) * chunk; c < (t + 1) * n; c += chunk) {
-        silu_mul_span(g, u, from, c - t * n, o);
+        span(g, u, from, c - t * n, o);
         from = c - t * n;
       }
-      silu_mul_span(g, u, from, n, o);
+      span(g, u, from, n, o);
     }
   };
   // Rows split between the threads where ATen splits the elements (each row's spans computed as on one thread: the

@@ -25,7 +25,7 @@ BUILT = pytest.mark.skipif(KERNELS is None, reason="the kernels did not build he
 NORMS = pytest.mark.skipif(KERNELS is None or not KERNELS.norm_rows_exact(),
                            reason="norms: no kernels, or ATen runs other than its AVX2 or AVX-512 kernels here")
 SILU = pytest.mark.skipif(KERNELS is None or not KERNELS.silu_rows_exact(),
-                          reason="SiLU: no kernels, or ATen runs other than its AVX2 kernels here")
+                          reason="SiLU: no kernels, or ATen runs other than its AVX2 or AVX-512 kernels here")
 # under one vector, a vector and floats left over, rows of 4 vectors and vectors left over, the demo and 125M hidden
 # sizes (the 125M's 24 rows of 4 vectors carry once to the cascade's second level), a 5120 one, sums carried to the
 # third level (8192: 256 rows; 65536 + tails: 2048 rows) and to the fourth (4096 rows and more)
