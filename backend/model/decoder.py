@@ -8,7 +8,7 @@ mlp.fc/gate/proj, ...; backend/formats/checkpoint_tensors.py), so a checkpoint l
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -60,8 +60,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps, self.weight_in_float32 = eps, weight_in_float32
+        # (T, dim) float32 rows, weight, eps -> the same norm's bits in one pass instead of six ATen operations
+        # (backend/model/kernels/row_ops.cpp; set where it gives ATen's bits: kernels/decode_layers.py); None: ATen.
+        # In float32 both weight orders are one product: w * (x * r) == (x * r) * w.
+        self.one_pass: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_pass is not None and x.dim() == 2 and x.dtype == torch.float32 and x.stride(-1) == 1:
+            return self.one_pass(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

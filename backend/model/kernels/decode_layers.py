@@ -3,8 +3,10 @@
 decode_layers.cpp runs the ATen operations of backend/model/decoder.py's layers in their order on the same tensors,
 so its output equals the Python layers' bit for bit (the rotary embedding and the K/V writes as one pass with the
 same float operations, and the norms, residual adds and SiLU(gate) * up as row_ops.cpp's passes in ATen's order where
-ATen runs its AVX2 kernels); what it saves is Python: ~40 operator calls and 4-6 module calls per layer, about a quarter
-of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
+they give ATen's bits: norm_rows_exact(), silu_rows_exact()); what it saves is Python: ~40 operator calls and 4-6 module
+calls per layer, about a quarter of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
+Where the compiled layers run, the model's other float32 norms (the final one, the prefill's) take the one-pass form
+too (one_pass_norms).
 It serves decode steps run by the paged attention kernel (float32 queries on CPU) on oneDNN-prepacked linears
 (float32, or bfloat16 beside the float32 activations, with a bf16 KV pool; products of up to 16 rows on the GEMV's
 copies where PrepackedLinear holds them, as its forward does: bf16_gemv.py); anything else (prefill chunks,
@@ -24,6 +26,21 @@ from backend.model.prepacked_linear import PrepackedLinear
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_layers.cpp's activation codes
 _ABSENT = torch.empty(0)
+GRAIN = 32768  # ATen's at::internal::GRAIN_SIZE: a lone row this long may be summed in parts between threads
+
+
+def one_pass_norms(model: CausalLM, rms_norm_rows) -> int:
+    """Give the model's float32 norms over rows shorter than ATen's grain row_ops.cpp's one-pass form (RMSNorm.one_pass)
+    where it gives ATen's bits (the caller asks norm_rows_exact()): the final norm of every step and the prefill's
+    norms, which the compiled decode layers do not run. Returns how many norms took it.
+
+    Why: the final norm's six ATen operations took ~0.1-0.2 ms of a 125M decode step on caches the step's weights had
+    just evicted; a 2,048-token prefill's 24 norms ~0.3 ms each (perf/ISSUE16.md)."""
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm) and m.weight.dtype == torch.float32
+             and m.weight.is_contiguous() and m.weight.numel() < GRAIN]
+    for norm in norms:
+        norm.one_pass = rms_norm_rows
+    return len(norms)
 
 
 def _layer_unsupported(layer: DecoderLayer) -> str | None:
@@ -71,6 +88,8 @@ class NativeDecodeLayers:
                      int(f.mlp.fused), int(f.sandwich_norms)]
         self.scalars = [a.scale, a.softcap or 0.0, layers[0].input_layernorm.eps]
         self.kernels = load()
+        if self.kernels.norm_rows_exact():
+            one_pass_norms(model, self.kernels.rms_norm_rows)
 
     def collect_weights(self, layers: Iterable[DecoderLayer]) -> None:
         """self.weights: every layer's tensors in the compiled call's order. The list holds the tensors themselves,

@@ -221,9 +221,14 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, doub
   const int64_t T = x.size(0), n = x.size(1);
   check_norm_weight(w, n);
   auto out = torch::empty({T, n}, x.options());
-  for (int64_t t = 0; t < T; ++t)
-    norm_row(x.data_ptr<float>() + t * x.stride(0), w.data_ptr<float>(), n, static_cast<float>(eps),
-             out.data_ptr<float>() + t * n);
+  // Rows of at least ATen's grain between them split between the threads (a prefill's 2,048 rows; each row normed
+  // whole by one thread, so the same bits); a decode step's few rows stay on this one.
+  at::parallel_for(0, T, std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(n, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t t = begin; t < end; ++t)
+                       norm_row(x.data_ptr<float>() + t * x.stride(0), w.data_ptr<float>(), n,
+                                static_cast<float>(eps), out.data_ptr<float>() + t * n);
+                   });
   return out;
 }
 

@@ -10,6 +10,7 @@ import torch
 
 from backend.engine.config import EngineConfig
 from backend.model.kernels.gemv import unsupported as gemv_unsupported
+from backend.model.decoder import RMSNorm
 from backend.model.kernels.decode_layers import resolve_decode_layers, unsupported
 from backend.model.loader import load_model
 from backend.model.prepacked_linear import bf16_linears_unavailable
@@ -72,6 +73,32 @@ def _assert_layers_equal(runner: ModelRunner, inputs: StepInputs, own_dtype: boo
         got = runner.native_layers(x, meta, mine)
     assert torch.equal(got, want)
     assert all(torch.equal(a, b) for pair, other in zip(pools, mine) for a, b in zip(pair, other))
+
+
+def _prefill_step(lengths: list[int], seed: int) -> StepInputs:
+    """Prompts from position 0, in consecutive blocks of the pool."""
+    g = torch.Generator().manual_seed(seed)
+    L, per_seq = max(lengths), -(-max(lengths) // BLOCK)
+    rows = [torch.arange(b * per_seq * BLOCK, b * per_seq * BLOCK + L) for b in range(len(lengths))]
+    end = torch.tensor(lengths)
+    return StepInputs.of(tokens=torch.randint(1, 1000, (sum(lengths),), generator=g), start=torch.zeros_like(end),
+                         end=end, sampled=torch.ones(len(lengths), dtype=torch.long), context_slots=torch.stack(rows))
+
+
+@pytest.mark.parametrize("linear_dtype", LINEAR_DTYPES, ids=["float32", "bf16-linears"])
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma2", "phi3_4k"])
+def test_the_one_pass_norms_change_no_bit_of_a_prefill_or_its_logits(family_checkpoint, name, linear_dtype):
+    """Where the compiled layers run, the model's float32 norms outside them (the prefill's, the final one) take the
+    one-pass form where it gives ATen's bits (one_pass_norms): a prefill step's logits and K/V pools equal those of the
+    Python layers' runner, whose norms are ATen's, bit for bit."""
+    native = _runner(family_checkpoint, name, linear_dtype=linear_dtype)
+    python = _runner(family_checkpoint, name, "python", linear_dtype=linear_dtype)
+    norms = [m for m in native.model.modules() if isinstance(m, RMSNorm)]
+    assert all((m.one_pass is not None) == native.native_layers.kernels.norm_rows_exact() for m in norms)
+    assert all(m.one_pass is None for m in python.model.modules() if isinstance(m, RMSNorm))
+    inputs = _prefill_step([37, 20, 64], seed=len(name))
+    assert torch.equal(native.run(inputs), python.run(inputs))
+    assert all(torch.equal(a, b) for pair, other in zip(native.kv.layers, python.kv.layers) for a, b in zip(pair, other))
 
 
 def test_where_the_compiled_layers_are_chosen(family_checkpoint, caplog):

@@ -57,6 +57,35 @@ def test_rms_norm_is_the_python_norm_bit_for_bit(n, t, weight_in_float32):
 
 
 @NORMS
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("t, n", [(2048, 768), (1000, 40), (5, 5120), (77, 2007)])
+def test_rms_norm_of_a_prefill_s_rows_split_between_threads(t, n, threads):
+    """Rows of ATen's grain or more between them are normed on both threads, each row whole: ATen's bits."""
+    norm = _norm(n, 1e-5, False, seed=n)
+    x = _rows(t, n, seed=t)
+    with torch_threads(threads), torch.no_grad():
+        want = norm(x)
+        got = KERNELS.rms_norm_rows(x, norm.weight.detach(), norm.eps)
+    assert torch.equal(got, want)
+
+
+@NORMS
+@pytest.mark.parametrize("weight_in_float32", [False, True])
+def test_rmsnorm_with_the_one_pass_form_is_rmsnorm(weight_in_float32):
+    """RMSNorm.one_pass (set by decode_layers.one_pass_norms) over float32 rows; anything else keeps ATen's form."""
+    norm = _norm(768, 1e-6, weight_in_float32, seed=9)
+    x = _rows(300, 768, seed=10)
+    with torch.no_grad():
+        want, want_3d = norm(x), norm(x.view(100, 3, 768))
+        calls = []
+        norm.one_pass = lambda *args: calls.append(1) or KERNELS.rms_norm_rows(*args)
+        assert torch.equal(norm(x), want) and calls == [1]
+        assert torch.equal(norm(x.view(100, 3, 768)), want_3d) and calls == [1]  # (q / k norms' heads): ATen
+        assert torch.equal(norm(x.bfloat16()), _norm(768, 1e-6, weight_in_float32, seed=9)(x.bfloat16()))
+        assert calls == [1]
+
+
+@NORMS
 @pytest.mark.parametrize("scale", [1e-20, 1e-3, 1e3, 1e18])
 def test_rms_norm_of_hostile_magnitudes_and_zero_rows(scale):
     """Tiny rows (eps dominates), huge ones (squares near float32's top), a zero row, one with an inf square."""
