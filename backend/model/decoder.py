@@ -211,6 +211,11 @@ class GatedMLP(nn.Module):
         self.proj = nn.Linear(f.intermediate, f.hidden, bias=False)  # HF down_proj
         # (2 * intermediate, hidden): fc and gate in one matmul; a PrepackedLinear once packed (prepacked_linear.py)
         self.fc_gate: torch.Tensor | nn.Module | None = None
+        # (T, 2 I) [fc | gate] product in the linears' own dtype -> act(fc) * gate rounded to it, in one pass: bf16
+        # linears beside float32 activations skip the widening of the product, the two ATen operations and the
+        # rounding before proj (row_ops.cpp's silu_mul_bf16_rows, the same bits; set by
+        # kernels/decode_layers.py's one_pass_mlps where it gives them); None: the ATen operations.
+        self.act_mul_rows: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def fuse(self) -> None:
         """After loading: one matmul for both input projections (fewer, larger kernels: small batches on CPU are
@@ -237,6 +242,8 @@ class GatedMLP(nn.Module):
         if self.fc_gate is None:
             return self.proj(self.act(self.fc(x)) * self.gate(x))
         fused = self.fc_gate
+        if self.act_mul_rows is not None and (both := fused.forward_unwidened(x)) is not None:
+            return self.proj(self.act_mul_rows(both)).to(x.dtype)  # proj takes its own dtype as is
         fc, gate = (F.linear(x, fused) if isinstance(fused, torch.Tensor) else fused(x)).chunk(2, dim=-1)
         return self.proj(self.act(fc) * gate)
 

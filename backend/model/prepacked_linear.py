@@ -142,11 +142,22 @@ class PrepackedLinear(nn.Module):
         return cls(linear.weight, linear.bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemv is not None and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32:
+        if self._on_gemv(x):
             return gemv_product(x, self.gemv, self.bias, self.dtype)
         if x.dtype == self.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
+
+    def _on_gemv(self, x: torch.Tensor) -> bool:
+        return self.gemv is not None and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32
+
+    def forward_unwidened(self, x: torch.Tensor) -> torch.Tensor | None:
+        """forward(x) before its widening back to x's dtype: the oneDNN product in self.dtype, so that
+        forward(x) == forward_unwidened(x).to(x.dtype) bit for bit. None where forward computes otherwise (x already
+        in self.dtype, or rows the GEMV takes): the caller runs forward."""
+        if x.dtype == self.dtype or self._on_gemv(x):
+            return None
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -30,5 +30,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul_rows", &silu_mul_rows, "silu(gate) * up over float32 rows (ATen's bits under silu_rows_exact)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul_bf16_rows", &silu_mul_bf16_rows,
+        "bf16 [gate | up] rows -> bf16(silu(gate) * up) (ATen's bits under silu_rows_exact)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("f32_gemv_available", &f32_gemv_available, "whether f32_gemv was compiled (the CPU has AVX2 + FMA)");
 }

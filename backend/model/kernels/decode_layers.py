@@ -6,7 +6,7 @@ same float operations, and the norms, residual adds and SiLU(gate) * up as row_o
 they give ATen's bits: norm_rows_exact(), silu_rows_exact()); what it saves is Python: ~40 operator calls and 4-6 module
 calls per layer, about a quarter of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
 Where the compiled layers run, the model's other float32 norms (the final one, the prefill's) take the one-pass form
-too (one_pass_norms).
+too (one_pass_norms), and so do the prefill's SiLU MLPs beside bf16 linears (one_pass_mlps).
 It serves decode steps run by the paged attention kernel (float32 queries on CPU) on oneDNN-prepacked linears
 (float32, or bfloat16 beside the float32 activations, with a bf16 KV pool; products of up to 16 rows on the GEMV's
 copies where PrepackedLinear holds them, as its forward does: bf16_gemv.py); anything else (prefill chunks,
@@ -41,6 +41,23 @@ def one_pass_norms(model: CausalLM, rms_norm_rows) -> int:
     for norm in norms:
         norm.one_pass = rms_norm_rows
     return len(norms)
+
+
+def one_pass_mlps(model: CausalLM, silu_mul_bf16_rows) -> int:
+    """Give each SiLU MLP with bf16 linears beside float32 activations (fc | gate fused, both PrepackedLinears in
+    bf16) row_ops.cpp's one pass from the bf16 product to proj's bf16 input (GatedMLP.act_mul_rows), where it gives
+    ATen's bits (the caller asks silu_rows_exact()): a prefill's MLPs, which the compiled decode layers do not run.
+    Returns how many MLPs took it.
+
+    Why: a 2,048-token prefill of the 125M model widened its (T, 6,144) bf16 products, ran SiLU and the product in
+    float32 and rounded the (T, 3,072) result back, ~35 ms of its ~650 (perf/ISSUE16.md)."""
+    mlps = [layer.mlp for layer in model.transformer.layers
+            if model.features.mlp.activation == "silu" and not layer.mlp.fused
+            and all(isinstance(m, PrepackedLinear) and m.dtype == torch.bfloat16
+                    for m in (layer.mlp.fc_gate, layer.mlp.proj))]
+    for mlp in mlps:
+        mlp.act_mul_rows = silu_mul_bf16_rows
+    return len(mlps)
 
 
 def _layer_unsupported(layer: DecoderLayer) -> str | None:
@@ -90,6 +107,8 @@ class NativeDecodeLayers:
         self.kernels = load()
         if self.kernels.norm_rows_exact():
             one_pass_norms(model, self.kernels.rms_norm_rows)
+        if self.kernels.silu_rows_exact():
+            one_pass_mlps(model, self.kernels.silu_mul_bf16_rows)
 
     def collect_weights(self, layers: Iterable[DecoderLayer]) -> None:
         """self.weights: every layer's tensors in the compiled call's order. The list holds the tensors themselves,

@@ -45,3 +45,6 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& w, doub
 std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& w,
                                              double eps);
 torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up);
+// (T, 2 I) bf16 [gate | up] (a bf16 linear's output) -> (T, I) bf16: bf16(silu(float(gate)) * float(up)), the bits of
+// widening both halves, silu_mul_rows and .to(torch.bfloat16), in one pass (a prefill's MLP beside bf16 linears)
+torch::Tensor silu_mul_bf16_rows(const torch::Tensor& fc);

@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -250,36 +252,89 @@ std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch
   return {sum, out};
 }
 
-torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up) {
-  check_rows(gate, "gate");
-  check_rows(up, "up");
-  TORCH_CHECK(up.sizes() == gate.sizes(), "row_ops: gate and up differ in shape");
+namespace {
+
+// Row t of a (T, n) SiLU(gate) * up: its spans from its start and from each chunk start inside it (aten_chunk).
+void silu_mul_row(SiluSpan span, const float* g, const float* u, float* o, int64_t t, int64_t n, int64_t chunk) {
+  int64_t from = 0;
+  for (int64_t c = (t * n / chunk + 1) * chunk; c < (t + 1) * n; c += chunk) {
+    span(g, u, from, c - t * n, o);
+    from = c - t * n;
+  }
+  span(g, u, from, n, o);
+}
+
+SiluSpan checked_silu_span() {
   static const SiluSpan span = aten_silu_span();
   TORCH_CHECK(span != nullptr, "row_ops: SiLU follows ATen's AVX2 or AVX-512 kernels, and ATen runs neither here");
-  const int64_t T = gate.size(0), n = gate.size(1);
-  auto out = torch::empty({T, n}, gate.options());
-  const int64_t chunk = aten_chunk(T * n);
-  const auto rows = [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* g = gate.data_ptr<float>() + t * gate.stride(0);
-      const float* u = up.data_ptr<float>() + t * up.stride(0);
-      float* o = out.data_ptr<float>() + t * n;
-      // this row's spans: from its start and from each chunk start inside it
-      int64_t from = 0;
-      for (int64_t c = (t * n / chunk + 1) * chunk; c < (t + 1) * n; c += chunk) {
-        span(g, u, from, c - t * n, o);
-        from = c - t * n;
-      }
-      span(g, u, from, n, o);
-    }
-  };
-  // Rows split between the threads where ATen splits the elements (each row's spans computed as on one thread: the
-  // same bits): at batch 16 of the 125M model (16 x 3072) one thread took 28 us a layer, as long as ATen's two-thread
-  // SiLU and product together.
+  return span;
+}
+
+// rows(0, T), split between the threads where ATen splits the T * n elements (chunk < T * n), each row's spans
+// computed as on one thread: the same bits. At batch 16 of the 125M model (16 x 3072) one thread took 28 us a layer,
+// as long as ATen's two-thread SiLU and product together.
+template <typename Rows>
+void over_rows(int64_t T, int64_t n, int64_t chunk, const Rows& rows) {
   if (chunk < T * n)
     at::parallel_for(0, T, 1, rows);
   else
     rows(0, T);
+}
+
+inline float widen_bf16(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof(f));
+  return f;
+}
+
+// float32 -> bf16 bits as ATen's .to(torch.bfloat16) rounds a float32 tensor: to nearest even, a NaN to 0xffff.
+inline uint16_t round_to_bf16(float f) {
+  if (std::isnan(f)) return 0xffff;
+  uint32_t word;
+  std::memcpy(&word, &f, sizeof(word));
+  return static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
+}
+
+}  // namespace
+
+torch::Tensor silu_mul_rows(const torch::Tensor& gate, const torch::Tensor& up) {
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(up.sizes() == gate.sizes(), "row_ops: gate and up differ in shape");
+  const SiluSpan span = checked_silu_span();
+  const int64_t T = gate.size(0), n = gate.size(1);
+  auto out = torch::empty({T, n}, gate.options());
+  const int64_t chunk = aten_chunk(T * n);
+  over_rows(T, n, chunk, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      silu_mul_row(span, gate.data_ptr<float>() + t * gate.stride(0), up.data_ptr<float>() + t * up.stride(0),
+                   out.data_ptr<float>() + t * n, t, n, chunk);
+  });
+  return out;
+}
+
+torch::Tensor silu_mul_bf16_rows(const torch::Tensor& fc) {
+  TORCH_CHECK(fc.dim() == 2 && fc.scalar_type() == at::kBFloat16 && fc.stride(1) == 1 && fc.size(1) % 2 == 0,
+              "row_ops: fc (T, 2 I) bfloat16 with contiguous rows");
+  const SiluSpan span = checked_silu_span();
+  const int64_t T = fc.size(0), n = fc.size(1) / 2;
+  auto out = torch::empty({T, n}, fc.options());
+  const int64_t chunk = aten_chunk(T * n);  // the float32 halves' SiLU: (T, n) elements
+  const auto* in = reinterpret_cast<const uint16_t*>(fc.data_ptr<at::BFloat16>());
+  auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  over_rows(T, n, chunk, [&](int64_t begin, int64_t end) {
+    static thread_local std::vector<float> row;  // gate, up, silu(gate) * up of one row, widened
+    row.resize(3 * n);
+    float *g = row.data(), *u = g + n, *h = u + n;
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t* r = in + t * fc.stride(0);
+      for (int64_t e = 0; e < n; ++e) g[e] = widen_bf16(r[e]);
+      for (int64_t e = 0; e < n; ++e) u[e] = widen_bf16(r[n + e]);
+      silu_mul_row(span, g, u, h, t, n, chunk);
+      for (int64_t e = 0; e < n; ++e) o[t * n + e] = round_to_bf16(h[e]);
+    }
+  });
   return out;
 }
 
@@ -298,6 +353,10 @@ std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor&, const torch::
 }
 
 torch::Tensor silu_mul_rows(const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "row_ops: built without AVX2 + FMA");
+}
+
+torch::Tensor silu_mul_bf16_rows(const torch::Tensor&) {
   TORCH_CHECK(false, "row_ops: built without AVX2 + FMA");
 }
 

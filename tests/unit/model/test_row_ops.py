@@ -128,6 +128,22 @@ def test_silu_mul_is_the_python_mlp_bit_for_bit(inter, t, threads):
 
 
 @SILU
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("t, inter", [(1, 40), (17, 17), (158, 3072), (33, 2007), (300, 1024)])
+def test_silu_mul_of_a_bf16_product_is_the_widened_mlp_rounded(t, inter, threads):
+    """A bf16 linear's (T, 2 I) output as GatedMLP takes it beside float32 activations: widened, silu(fc) * gate,
+    rounded to bf16 for proj; over ATen's grain the rows split between threads (odd T: mid-row), hostile values in."""
+    both = (_rows(t, 2 * inter, seed=t + inter, scale=4.0)).bfloat16()
+    both[0, :4] = torch.tensor([float("nan"), float("inf"), -100.0, 0.0])
+    both[-1, inter:inter + 3] = torch.tensor([float("inf"), float("nan"), -0.0])
+    with torch_threads(threads):
+        fc, gate = both.float().chunk(2, dim=-1)
+        want = (F.silu(fc) * gate).bfloat16()
+        got = KERNELS.silu_mul_bf16_rows(both)
+    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@SILU
 def test_silu_mul_of_hostile_values():
     """exp(-x) overflowing (x = -100: -0), vanishing (x = 100), infinities and NaN in both halves."""
     fc = _rows(2, 2 * 40, seed=3)
