@@ -131,6 +131,11 @@ class Attention(nn.Module):
             self.k_layernorm = RMSNorm(self.head_dim, f.norm_eps)
         else:
             self.q_layernorm = self.k_layernorm = None
+        # (qkv, H, KV, d, cos, sin_signed, slot_mapping, k_cache, v_cache) -> q (T, H, d) rotated, this step's K/V
+        # rows rotated and rounded into the pools in one pass (the same bits: kernels/decode_layers.cpp's
+        # rotate_and_store), or None where it does not apply; set by kernels/decode_layers.py's one_pass_rotary for
+        # layers without q / k norms. None: the ATen operations.
+        self.rotate_store: Callable[..., torch.Tensor | None] | None = None
 
     def _rotated_qk(self, qk: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """qk (T, n_heads + n_kv, d) -> q (T, n_heads, d), k (T, n_kv, d), rotary applied. Without q/k norms both
@@ -147,12 +152,12 @@ class Attention(nn.Module):
         # x (T, hidden); k_cache/v_cache (slots, n_kv, head_dim)
         T, d, H, KV = x.shape[0], self.head_dim, self.n_heads, self.n_kv
         qkv = self.qkv(x)  # (T, (H + 2 KV) * d): q heads, k heads, v heads
-        q, k = self._rotated_qk(qkv[:, :(H + KV) * d].view(T, H + KV, d), meta)  # (T, H, d), (T, KV, d)
-        v = qkv[:, (H + KV) * d:].view(T, KV, d)
-        if k_cache.dtype != k.dtype:  # a bf16 pool beside bf16 linears: K/V rows rounded as the checkpoint's dtype
-            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-        k_cache.index_copy_(0, meta.slot_mapping, k)  # cheaper than k_cache[slot_mapping] = k (no index_put_)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        q = None if self.rotate_store is None else self.rotate_store(
+            qkv, H, KV, d, meta.cos, meta.sin_signed, meta.slot_mapping, k_cache, v_cache)
+        if q is not None:  # this step's K/V rows as stored (T, KV, d), for the attention below
+            k, v = k_cache.index_select(0, meta.slot_mapping), v_cache.index_select(0, meta.slot_mapping)
+        else:
+            q, k, v = self._store_kv(qkv, k_cache, v_cache, meta)
         if meta.parts is None:
             out = self._attend(q, k, v, k_cache, v_cache, meta)
         else:  # decode tokens and prompts, each group on its own (every K/V row is in the pool by now)
@@ -160,6 +165,19 @@ class Attention(nn.Module):
             for tokens, part in meta.parts:
                 out[tokens] = self._attend(q[tokens], k[tokens], v[tokens], k_cache, v_cache, part)
         return self.dense(out.reshape(T, H * d))  # (T, heads*dim) in token order
+
+    def _store_kv(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv (T, (H + 2 KV) d) -> q (T, H, d) and k, v (T, KV, d) in the pools' dtype, rotated; k, v written to
+        the pools."""
+        T, d, H, KV = qkv.shape[0], self.head_dim, self.n_heads, self.n_kv
+        q, k = self._rotated_qk(qkv[:, :(H + KV) * d].view(T, H + KV, d), meta)  # (T, H, d), (T, KV, d)
+        v = qkv[:, (H + KV) * d:].view(T, KV, d)
+        if k_cache.dtype != k.dtype:  # a bf16 pool beside bf16 linears: K/V rows rounded as the checkpoint's dtype
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k_cache.index_copy_(0, meta.slot_mapping, k)  # cheaper than k_cache[slot_mapping] = k (no index_put_)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        return q, k, v
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

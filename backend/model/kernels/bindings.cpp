@@ -9,6 +9,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (float32, CPU)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("rotate_and_store", &rotate_and_store_rows_checked,
+        "rotary on q / k and the K/V rows into the pools in one pass: q (T, H, d), or None where it does not apply",
+        py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call (float32, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("causal_prefill", &causal_prefill, "causal attention of prompts prefilled from position 0 (bf16 K/V, CPU)",

@@ -8,6 +8,7 @@
 // paged_decode.cpp; backend/model/kernels/decode_layers.py decides where it applies and lays out its arguments.
 #include "kernels.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -76,7 +77,9 @@ __attribute__((optimize("fp-contract=off"))) void rotate_and_store_rows(
     const float* qkv, int64_t T, int64_t H, int64_t KV, int64_t d, int64_t rot, const float* cos, const float* sin,
     const int64_t* slots, P* k_pool, P* v_pool, float* q) {
   const int64_t half = rot / 2, width = (H + 2 * KV) * d;
-  for (int64_t t = 0; t < T; ++t) {
+  // a prefill's rows split between the threads (each row on its own: the same bits); a decode step's few on this one
+  at::parallel_for(0, T, std::max<int64_t>(1, at::internal::GRAIN_SIZE / width), [&](int64_t begin, int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
     const float* row = qkv + t * width;
     const float* c = cos + t * rot;
     const float* sn = sin + t * rot;
@@ -104,6 +107,7 @@ __attribute__((optimize("fp-contract=off"))) void rotate_and_store_rows(
     const float* v = row + (H + KV) * d;
     for (int64_t i = 0; i < KV * d; ++i) v_row[i] = static_cast<P>(v[i]);
   }
+  });
 }
 
 // rotate_and_store_rows where it applies, returning q (T, H, d): contiguous float32 qkv (T, (H + 2 KV) d), cos /
@@ -150,6 +154,20 @@ void check_slots(const torch::Tensor& slots, const std::vector<torch::Tensor>& k
   for (int64_t t = 0; t < contiguous.size(0); ++t)
     TORCH_CHECK(0 <= sp[t] && sp[t] < rows, "decode_layers: slot outside the pool");
 }
+
+}  // namespace
+
+// rotate_and_store for the Python layers (decoder.Attention.rotate_store: a prefill's rows, or any step the compiled
+// layers do not take): the slots checked against the pools first; nullopt where it does not apply.
+std::optional<torch::Tensor> rotate_and_store_rows_checked(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d,
+                                                           const torch::Tensor& cos, const torch::Tensor& sin_signed,
+                                                           const torch::Tensor& slots, const torch::Tensor& k_pool,
+                                                           const torch::Tensor& v_pool) {
+  check_slots(slots, {k_pool}, {v_pool});
+  return rotate_and_store(qkv, H, KV, d, cos, sin_signed, slots, k_pool, v_pool);
+}
+
+namespace {
 
 // The same as rotate_and_store with ATen operations, with q / k norms (Qwen3, Gemma 3) where the model has them:
 // decoder.Attention.forward's order. Returns q (T, H, d) contiguous.

@@ -6,7 +6,8 @@ same float operations, and the norms, residual adds and SiLU(gate) * up as row_o
 they give ATen's bits: norm_rows_exact(), silu_rows_exact()); what it saves is Python: ~40 operator calls and 4-6 module
 calls per layer, about a quarter of the demo model's batch-1 step (perf/ISSUE16.md "Decoder layers in one call").
 Where the compiled layers run, the model's other float32 norms (the final one, the prefill's) take the one-pass form
-too (one_pass_norms), and so do the prefill's SiLU MLPs beside bf16 linears (one_pass_mlps).
+too (one_pass_norms), and so do the prefill's rotary and K/V writes (one_pass_rotary) and its SiLU MLPs beside bf16
+linears (one_pass_mlps).
 It serves decode steps run by the paged attention kernel (float32 queries on CPU) on oneDNN-prepacked linears
 (float32, or bfloat16 beside the float32 activations, with a bf16 KV pool; products of up to 16 rows on the GEMV's
 copies where PrepackedLinear holds them, as its forward does: bf16_gemv.py); anything else (prefill chunks,
@@ -41,6 +42,19 @@ def one_pass_norms(model: CausalLM, rms_norm_rows) -> int:
     for norm in norms:
         norm.one_pass = rms_norm_rows
     return len(norms)
+
+
+def one_pass_rotary(model: CausalLM, rotate_and_store) -> int:
+    """Give the attention of each layer without q / k norms decode_layers.cpp's one pass of rotary and K/V writes
+    (Attention.rotate_store; the same arithmetic, so no exactness to ask): a prefill's, which the compiled decode
+    layers do not run. Returns how many layers took it.
+
+    Why: a 2,048-token prefill of the 125M model spent ~20 ms of its ~630 in the rotary's 5 ATen operations a layer,
+    the K/V rows' rounding and their index_copy_ (perf/ISSUE16.md)."""
+    attentions = [layer.attention for layer in model.transformer.layers if layer.attention.q_layernorm is None]
+    for attention in attentions:
+        attention.rotate_store = rotate_and_store
+    return len(attentions)
 
 
 def one_pass_mlps(model: CausalLM, silu_mul_bf16_rows) -> int:
@@ -105,6 +119,7 @@ class NativeDecodeLayers:
                      int(f.mlp.fused), int(f.sandwich_norms)]
         self.scalars = [a.scale, a.softcap or 0.0, layers[0].input_layernorm.eps]
         self.kernels = load()
+        one_pass_rotary(model, self.kernels.rotate_and_store)
         if self.kernels.norm_rows_exact():
             one_pass_norms(model, self.kernels.rms_norm_rows)
         if self.kernels.silu_rows_exact():

@@ -4,6 +4,7 @@
 #pragma once
 #include <torch/types.h>
 
+#include <optional>
 #include <vector>
 
 // paged_decode.cpp: decode attention read in place from the paged KV pool.
@@ -11,6 +12,12 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& slots, const torch::Tensor& col_start, const torch::Tensor& col_end,
                            double scale, double softcap);
 
+// decode_layers.cpp: a step's rotary on q and k and its K/V rows into the pools in one pass, where it applies (float32
+// qkv (T, (H + 2 KV) d), float32 or bf16 pools); returns q (T, H, d), nullopt where it does not apply.
+std::optional<torch::Tensor> rotate_and_store_rows_checked(const torch::Tensor& qkv, int64_t H, int64_t KV, int64_t d,
+                                                           const torch::Tensor& cos, const torch::Tensor& sin_signed,
+                                                           const torch::Tensor& slots, const torch::Tensor& k_pool,
+                                                           const torch::Tensor& v_pool);
 // decode_layers.cpp: every decoder layer of a decode step in one call, the same arithmetic as decoder.py.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights,
                             const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,

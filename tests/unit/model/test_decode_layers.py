@@ -86,20 +86,26 @@ def _prefill_step(lengths: list[int], seed: int) -> StepInputs:
 
 
 @pytest.mark.parametrize("linear_dtype", LINEAR_DTYPES, ids=["float32", "bf16-linears"])
-@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma2", "phi3_4k"])
-def test_the_one_pass_norms_and_mlps_change_no_bit_of_a_prefill_or_its_logits(family_checkpoint, name, linear_dtype):
-    """Where the compiled layers run, the model's float32 norms outside them (the prefill's, the final one) and its
-    SiLU MLPs beside bf16 linears take the one-pass forms where they give ATen's bits (one_pass_norms, one_pass_mlps):
-    a prefill step's logits and K/V pools equal those of the Python layers' runner, whose are ATen's, bit for bit."""
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma2", "phi3_4k", "phi3_partial", "qwen2_swa"])
+def test_the_one_pass_forms_change_no_bit_of_a_prefill_or_its_logits(family_checkpoint, name, linear_dtype):
+    """Where the compiled layers run, the model's float32 norms outside them (the prefill's, the final one), its
+    rotary and K/V writes and its SiLU MLPs beside bf16 linears take the one-pass forms where they give ATen's bits
+    (one_pass_norms, one_pass_rotary, one_pass_mlps): a prefill step's logits and K/V pools equal those of the Python
+    layers' runner, whose are ATen's, bit for bit (partial rotary, sliding windows, q / k norms left to ATen)."""
     native = _runner(family_checkpoint, name, linear_dtype=linear_dtype)
     python = _runner(family_checkpoint, name, "python", linear_dtype=linear_dtype)
     kernels = native.native_layers.kernels
     norms = [m for m in native.model.modules() if isinstance(m, RMSNorm)]
     assert all((m.one_pass is not None) == kernels.norm_rows_exact() for m in norms)
     assert all(m.one_pass is None for m in python.model.modules() if isinstance(m, RMSNorm))
-    silu_bf16 = linear_dtype == torch.bfloat16 and name in ("llama3", "qwen3") and kernels.silu_rows_exact()
+    mlp = native.model.features.mlp
+    silu_bf16 = (linear_dtype == torch.bfloat16 and mlp.activation == "silu" and not mlp.fused
+                 and kernels.silu_rows_exact())  # llama3, qwen3, qwen2_swa (gemma2: gelu; phi3: [up | gate])
     assert all((layer.mlp.act_mul_rows is not None) == silu_bf16 for layer in native.model.transformer.layers)
     assert all(layer.mlp.act_mul_rows is None for layer in python.model.transformer.layers)
+    assert all((layer.attention.rotate_store is not None) == (layer.attention.q_layernorm is None)
+               for layer in native.model.transformer.layers)
+    assert all(layer.attention.rotate_store is None for layer in python.model.transformer.layers)
     inputs = _prefill_step([37, 20, 64], seed=len(name))
     assert torch.equal(native.run(inputs), python.run(inputs))
     assert all(torch.equal(a, b) for pair, other in zip(native.kv.layers, python.kv.layers) for a, b in zip(pair, other))
