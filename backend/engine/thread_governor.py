@@ -11,8 +11,8 @@ machine; and a probe starts only on a step of the same shape as the one before i
 a passing shape (a prompt's prefill between decode steps, which ends any probe) never runs at the candidate count.
 Before, each such step started a new probe: shapes that changed every step (requests arriving while others decode,
 or short generations) ran every step at the candidate count, a 2,048-token prefill at one thread of two in 1.23 s
-instead of 0.66 (perf/ISSUE16.md). A probe that confirms the current count doubles the wait before the next one (up to max_period steps);
-a switch brings it back to min_period.
+instead of 0.66 (perf/ISSUE16.md). A probe that confirms the current count doubles the wait before the next one (up
+to max_period steps); a switch brings it back to min_period.
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("f32_gemv", &f32_gemv, "a float32 linear of 1-16 rows over its row-major weight (AVX2 + FMA, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("norm_rows_exact", &norm_rows_exact, "whether the norms give ATen's bits here (its AVX2 or AVX-512 kernels)");
-  m.def("silu_rows_exact", &silu_rows_exact, "whether SiLU(gate) * up gives ATen's bits here (its AVX2 or AVX-512 kernels)");
+  m.def("silu_rows_exact", &silu_rows_exact,
+        "whether SiLU(gate) * up gives ATen's bits here (its AVX2 or AVX-512 kernels)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of float32 rows (ATen's bits under norm_rows_exact)",
         py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm_rows", &add_rms_norm_rows, "x + delta and its RMS norm (ATen's bits under norm_rows_exact)",
