@@ -145,8 +145,12 @@ class PrepackedLinear(nn.Module):
         if self._on_gemv(x):
             return gemv_product(x, self.gemv, self.bias, self.dtype)
         if x.dtype == self.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
+            return self._onednn(x)
+        return self._onednn(x.to(self.dtype)).to(x.dtype)
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        """x in self.dtype -> x W^T (+ b) in self.dtype, on the packed weight."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def _on_gemv(self, x: torch.Tensor) -> bool:
         return self.gemv is not None and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32
@@ -157,7 +161,7 @@ class PrepackedLinear(nn.Module):
         in self.dtype, or rows the GEMV takes): the caller runs forward."""
         if x.dtype == self.dtype or self._on_gemv(x):
             return None
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
+        return self._onednn(x.to(self.dtype))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

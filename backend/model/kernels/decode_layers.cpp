@@ -197,7 +197,7 @@ torch::Tensor activation(const torch::Tensor& x, int64_t kind) {
 }
 
 // The norms, the residual adds before them and SiLU(gate) * up: row_ops.cpp's one-pass forms where they give ATen's
-// bits (norms: where ATen sums in its AVX2 order, SiLU: under its AVX2 kernels; rows shorter than ATen's grain: a
+// bits (norms: where ATen sums in its AVX2 order, SiLU: silu_rows_exact(); rows shorter than ATen's grain: a
 // lone row of the grain or more may be summed in two passes between threads, which row_ops.cpp does not follow), the
 // ATen operations elsewhere.
 struct RowOps {

@@ -157,22 +157,26 @@ void check_norm_weight(const torch::Tensor& w, int64_t n) {
               "row_ops: the norm weight (", n, ",) float32");
 }
 
+// A contiguous float32 tensor filled from a fixed sequence of its own (the process's torch generator is left alone):
+// values in [-2^23, 2^23) / scale, `state` carried on to the next call.
+void fill_seeded(torch::Tensor& t, uint32_t& state, int32_t scale) {
+  float* p = t.data_ptr<float>();
+  for (int64_t e = 0; e < t.numel(); ++e) {
+    state = state * 1664525u + 1013904223u;
+    p[e] = static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(scale);
+  }
+}
+
 // Whether ATen's RMS norm gives norm_row's bits here: under its AVX2 kernels by construction; under its AVX-512 ones
 // where its sum still adds in the AVX2 order (torch 2.13 registers no AVX-512 sum: its AVX-512 builds run the AVX2
 // reduction; pow, the products and rsqrt round each element alike at any width). That is a fact of one torch build,
 // not a promise, so it is asked once: seeded rows of lengths that reach the cascade's levels and its leftovers, normed
 // both ways, the bits compared (a sum in another order differed in 25-60 % of such rows).
 bool norm_matches_aten() {
-  uint32_t state = 12345;  // a fixed sequence of its own: the process's torch generator is left alone
+  uint32_t state = 12345;
   for (const int64_t n : {13, 40, 100, 768, 1000, 5125}) {
     auto x = torch::empty({3, n}, torch::kFloat), w = torch::empty({n}, torch::kFloat);
-    for (auto* t : {&x, &w}) {
-      float* p = t->data_ptr<float>();
-      for (int64_t e = 0; e < t->numel(); ++e) {
-        state = state * 1664525u + 1013904223u;
-        p[e] = static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 22);
-      }
-    }
+    for (auto* t : {&x, &w}) fill_seeded(*t, state, 1 << 22);
     const auto want = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5));  // decoder.RMSNorm in float32
     if (!at::equal(rms_norm_rows(x, w, 1e-5), want)) return false;
   }
@@ -186,11 +190,7 @@ bool silu_matches_aten() {
   for (const auto& [T, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{1, 13}, {3, 40}, {2, 1000},
                                                                               {13, 3072}, {16, 3072}}) {
     auto fc = torch::empty({T, 2 * n}, torch::kFloat);
-    float* p = fc.data_ptr<float>();
-    for (int64_t e = 0; e < fc.numel(); ++e) {
-      state = state * 1664525u + 1013904223u;
-      p[e] = static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 19);
-    }
+    fill_seeded(fc, state, 1 << 19);
     const auto halves = fc.chunk(2, -1);
     if (!at::equal(silu_mul_rows(halves[0], halves[1]), at::silu(halves[0]) * halves[1])) return false;
   }
