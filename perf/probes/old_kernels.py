@@ -20,14 +20,14 @@ KERNELS = "backend/model/kernels"
 
 
 def build_at(rev: str) -> ModuleType:
-    """The kernel sources `rev` had (and its kernels.h), compiled as its own extension (once per commit: the build
+    """The kernel sources `rev` had (and its headers), compiled as its own extension (once per commit: the build
     stays in the temporary directory)."""
     commit = subprocess.run(["git", "rev-parse", rev], cwd=REPO, check=True, capture_output=True,
                             text=True).stdout.strip()[:12]
     out = Path(tempfile.gettempdir()) / f"tritonllm-kernels-{commit}"
     out.mkdir(exist_ok=True)
     names = _sources_at(rev)
-    for name in names + ["kernels.h"]:
+    for name in names + _sources_at(rev, ".h"):
         text = subprocess.run(["git", "show", f"{rev}:{KERNELS}/{name}"], cwd=REPO, check=True, capture_output=True,
                               text=True).stdout
         path = out / name
@@ -38,8 +38,9 @@ def build_at(rev: str) -> ModuleType:
                               extra_ldflags=ldflags(), build_directory=str(out))
 
 
-def _sources_at(rev: str) -> list[str]:
-    """The kernel sources `rev` had: a later commit may add some (row_ops.cpp), so not today's SOURCES."""
+def _sources_at(rev: str, suffix: str = ".cpp") -> list[str]:
+    """The kernel sources (or headers) `rev` had: a later commit may add some (row_ops.cpp, pool_lines.h), so not
+    today's SOURCES."""
     listing = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{KERNELS}"], cwd=REPO, check=True,
                              capture_output=True, text=True).stdout.split()
-    return [name for name in listing if name.endswith(".cpp")]
+    return [name for name in listing if name.endswith(suffix)]

@@ -4,9 +4,10 @@ pool rows, and one), float32 and bfloat16 pools, 1 and 2 threads; outputs must b
 within the tests' tolerance of each other, for a change of summation order). --blocks lays each sequence's rows out
 as the engine does: runs of 32 consecutive pool rows (one KV block) in shuffled blocks. --cold reads them from
 memory, as a served step does (its weights evict the caches): a pool of 262,144 rows, 64 MB written between calls,
-each call timed alone. A measurement, not a test.
+each call timed alone; with --read-flush the 64 MB are read instead, as a decode step's weights are (written lines
+leave dirty ones that the call's reads wait behind). A measurement, not a test.
 
-    .venv/bin/python perf/probes/paged_decode_ab.py --base HEAD~1 [--close] [--blocks] [--cold]
+    .venv/bin/python perf/probes/paged_decode_ab.py --base HEAD~1 [--close] [--blocks] [--cold [--read-flush]]
 """
 from __future__ import annotations
 
@@ -41,11 +42,14 @@ def _rows(pool_rows: int, n: int, blocks: bool, g: torch.Generator) -> torch.Ten
     return (starts[:, None] + torch.arange(32)).reshape(-1)[:n]
 
 
-def timed(kernel, args, calls: int, flush: torch.Tensor | None = None) -> float:
+def timed(kernel, args, calls: int, flush: torch.Tensor | None = None, read_flush: bool = False) -> float:
     if flush is not None:  # each call after the caches were overwritten; the median call
         took = []
         for _ in range(calls):
-            flush.add_(1.0)
+            if read_flush:
+                flush.sum()
+            else:
+                flush.add_(1.0)
             start = time.perf_counter()
             kernel.paged_decode(*args)
             took.append(time.perf_counter() - start)
@@ -66,6 +70,7 @@ def main() -> None:
     parser.add_argument("--close", action="store_true", help="outputs within rtol 1e-5, atol 2e-6, not equal")
     parser.add_argument("--blocks", action="store_true", help="rows in shuffled 32-row blocks, as the engine's")
     parser.add_argument("--cold", action="store_true", help="rows read from memory, not the caches")
+    parser.add_argument("--read-flush", action="store_true", help="--cold by reading 64 MB, not writing them")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     args = parser.parse_args()
     old, new = build_at(args.base), load()
@@ -87,8 +92,8 @@ def main() -> None:
                 torch.set_num_threads(threads)
                 us = {"base": [], "now": []}
                 for _ in range(args.rounds):
-                    us["base"].append(timed(old, call, args.calls, flush))
-                    us["now"].append(timed(new, call, args.calls, flush))
+                    us["base"].append(timed(old, call, args.calls, flush, args.read_flush))
+                    us["now"].append(timed(new, call, args.calls, flush, args.read_flush))
                 base, now = statistics.median(us["base"]), statistics.median(us["now"])
                 print(f"{name:10s} {str(dtype)[6:]:9s} {threads} thread(s): {args.base} {base:7.1f} us, now "
                       f"{now:7.1f} us, now / base {now / base:.2f} ({'close' if args.close else 'equal'} outputs)",

@@ -54,10 +54,12 @@ inline __m512 round_bf16(__m512 v) {
 // at one row streamed at 0.83-0.90 of the machine's read rate on the hardware's prefetch alone, 0.92-0.95 with T1
 // prefetches, 0.90-1.05 with NTA (six rows: 0.69 -> 0.80; perf/ISSUE16.md): NTA lines are meant to leave the other
 // caches' contents alone, AMD's L3 (filled by what L2 evicts) included.
+// `lines`: another layer's pool rows (pool_lines.h), one line asked for per pair of every pass until they end.
 struct Prefetch {
   const char* from = nullptr;
   int64_t rows = 1, of = 1;
   bool once = false;
+  PoolLines* lines = nullptr;
 };
 
 // Rows m of out (ldo apart), the strip's `cols` columns: round_bf16(dot(column c of W, row m of xs) + bias[c]) for
@@ -80,6 +82,7 @@ void strip_dots(const uint16_t* strip, const uint16_t* xs, int64_t Kp, int64_t c
   int64_t tick = 0;  // Bresenham: one prefetched pair per `of` / `rows` pairs of this pass
   for (int64_t p = 0; p < pairs; ++p) {
     const uint16_t* row = strip + p * width * 2;  // this pair of every column of the strip
+    if (pf.lines != nullptr && !pf.lines->done()) _mm_prefetch(pf.lines->next(), _MM_HINT_T1);
     if (pf.from != nullptr && (tick += pf.rows) >= pf.of) {
       tick -= pf.of;
       if (pf.once)
@@ -140,13 +143,13 @@ constexpr int64_t kNear = 4096;  // bf16 values (8 KB) between the pair read and
 // or the weight's end that is a few KB of spare reads (a prefetch never faults).
 template <bool kFull, int64_t TT>
 void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp, int64_t cols, float* out,
-                int64_t ldo, const at::BFloat16* bias, const uint16_t* next) {
+                int64_t ldo, const at::BFloat16* bias, const uint16_t* next, PoolLines* lines) {
   const auto bytes = [](const uint16_t* w) { return reinterpret_cast<const char*>(w); };
   int64_t shared = 0;  // pairs of `next` the passes before prefetched
   const auto share = [&](int64_t rows) {  // what a pass of `rows` rows prefetches
-    if (M <= kTile) return kFull ? Prefetch{bytes(strip + kNear), 1, 1, true} : Prefetch{};
-    if (next == nullptr) return Prefetch{};
-    const Prefetch pf{bytes(next) + shared * kPairBytes, rows, M, false};
+    if (M <= kTile) return kFull ? Prefetch{bytes(strip + kNear), 1, 1, true} : Prefetch{};  // (bf16_gemv: no lines)
+    if (next == nullptr) return Prefetch{nullptr, 1, 1, false, lines};
+    const Prefetch pf{bytes(next) + shared * kPairBytes, rows, M, false, lines};
     shared += Kp / 2 * rows / M;
     return pf;
   };
@@ -172,6 +175,14 @@ int64_t first_strip(int64_t strips) {
   return at::get_thread_num() * ((strips + threads - 1) / threads);
 }
 
+// This thread's share of `ahead`: the sequences paged_decode's at::parallel_for over them gives the same thread
+// number (first_strip's static ranges), so that their lines come to the core that attends to them.
+PoolLines thread_lines(const PoolRowsAhead* ahead) {
+  if (ahead == nullptr || ahead->B == 0) return PoolLines();
+  const int64_t first = first_strip(ahead->B), threads = std::min<int64_t>(at::get_num_threads(), ahead->B);
+  return PoolLines(*ahead, first, first + (ahead->B + threads - 1) / threads);
+}
+
 }  // namespace
 
 bool bf16_gemv_available() { return true; }
@@ -180,8 +191,9 @@ bool bf16_gemv_available() { return true; }
 // thread takes there, as its other strips ask for their next one: the next product then starts on weights in L2
 // instead of from memory (its first strip of every thread was read on demand; 0.98-0.985x the 125M model's batch-16
 // decode step, perf/ISSUE16.md).
+// ahead: pool rows whose lines the passes ask for, one a pair (pool_lines.h), or nullptr.
 torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
-                        const torch::Tensor& then) {
+                        const torch::Tensor& then, const PoolRowsAhead* ahead) {
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && x.scalar_type() == at::kFloat,
               "bf16_gemv: x (M, K) float32 with 1 <= M <= ", kGemvMaxRows);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
@@ -207,7 +219,12 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
   const at::BFloat16* b = has_bias ? bias.data_ptr<at::BFloat16>() : nullptr;
   const auto* then_w = has_then ? reinterpret_cast<const uint16_t*>(then.data_ptr<at::BFloat16>()) : nullptr;
   const int64_t strips = (N + kStrip - 1) / kStrip;
+  // Up to kTile rows the product is one pass at the memory's read rate: no room for more reads (125M, one row: 1.01x
+  // the step with them)
+  if (M <= kTile) ahead = nullptr;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+    PoolLines lines = thread_lines(ahead);
+    PoolLines* more = lines.done() ? nullptr : &lines;
     for (int64_t s = begin; s < end; ++s) {
       const int64_t n0 = s * kStrip, cols = std::min(kStrip, N - n0);
       const uint16_t* strip = w + n0 * Kp;
@@ -219,14 +236,14 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
         if ((first + 1) * kStrip <= then_n) next = then_w + first * kStrip * then.size(1);
       }
       if (cols == kStrip) {
-        strip_rows<true, kStripTiles>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, next);
+        strip_rows<true, kStripTiles>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, next, more);
         continue;
       }
       switch ((cols + kLanes - 1) / kLanes) {  // the last strip: 1 to 63 columns
-        case 4: strip_rows<false, 4>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
-        case 3: strip_rows<false, 3>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
-        case 2: strip_rows<false, 2>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
-        default: strip_rows<false, 1>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr); break;
+        case 4: strip_rows<false, 4>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr, more); break;
+        case 3: strip_rows<false, 3>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr, more); break;
+        case 2: strip_rows<false, 2>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr, more); break;
+        default: strip_rows<false, 1>(strip, xv, M, Kp, cols, yp + n0, N, bias_cols, nullptr, more); break;
       }
     }
   });
@@ -237,7 +254,8 @@ torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, con
 
 bool bf16_gemv_available() { return false; }
 
-torch::Tensor bf16_gemv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+torch::Tensor bf16_gemv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                        const PoolRowsAhead*) {
   TORCH_CHECK(false, "bf16_gemv: built without AVX-512 BF16 (this CPU has none)");
 }
 

@@ -14,6 +14,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call (float32, CPU)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("pool_lines", &pool_lines,
+        "the K/V lines a GEMV asks for ahead of an attention, as (pool, byte offset) rows (for tests)");
+  m.def("bf16_gemv_rows_ahead", &bf16_gemv_rows_ahead, "bf16_gemv asking for those lines meanwhile (for tests)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("causal_prefill", &causal_prefill, "causal attention of prompts prefilled from position 0 (bf16 K/V, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("causal_prefill_available", &causal_prefill_available,

@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = tuple(HERE / name for name in (
     "paged_decode.cpp", "decode_layers.cpp", "causal_prefill.cpp", "bf16_gemv.cpp", "f32_gemv.cpp", "row_ops.cpp",
     "bindings.cpp"))
-HEADERS = tuple(HERE / name for name in ("kernels.h",))
+HEADERS = tuple(HERE / name for name in ("kernels.h", "pool_lines.h"))
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs serially unless the code is compiled with OpenMP.
 # The library links against the OpenMP runtime torch has loaded (openmp_runtimes()), so that the process keeps one
 # runtime: one thread pool, and torch.set_num_threads governs the kernels too.

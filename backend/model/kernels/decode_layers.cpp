@@ -13,6 +13,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <string>
@@ -35,12 +36,15 @@ bool present(const torch::Tensor& t) { return t.defined() && t.numel() > 0; }
 // kGemvMaxRows rows on the GEMV's copy where there is one, as PrepackedLinear.forward does: the packed weight's
 // dtype is the linear's, which picks the kernel (bf16 linears: bf16_gemv.cpp over an interleaved copy; float32
 // ones: f32_gemv.cpp over a row-major float32 or bf16 one).
-// then: the GEMV copy of the linear that runs next (bf16 ones ask for its first strips ahead, bf16_gemv.cpp).
+// then: the GEMV copy of the linear that runs next (bf16 ones ask for its first strips ahead, bf16_gemv.cpp); ahead:
+// pool rows a bf16 GEMV asks for meanwhile (pool_lines.h), or nullptr.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
-                            const torch::Tensor& gemv, const torch::Tensor& then) {
+                            const torch::Tensor& gemv, const torch::Tensor& then,
+                            const PoolRowsAhead* ahead = nullptr) {
   if (x.size(0) >= 1 && x.size(0) <= kGemvMaxRows && present(gemv)) {
     if (packed.scalar_type() == at::kFloat) return f32_gemv(x, gemv, bias);
-    return bf16_gemv(x, gemv, bias, then.defined() && then.scalar_type() == at::kBFloat16 ? then : torch::Tensor());
+    return bf16_gemv(x, gemv, bias, then.defined() && then.scalar_type() == at::kBFloat16 ? then : torch::Tensor(),
+                     ahead);
   }
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const bool cast = packed.scalar_type() != x.scalar_type();
@@ -142,6 +146,48 @@ std::optional<torch::Tensor> rotate_and_store(const torch::Tensor& qkv, int64_t 
   return q;
 }
 
+// The K/V rows paged_decode will read for one layer (its pools, the step's context slots and that layer's column
+// ranges), where the tensors are laid out as it requires; else nullopt (nothing asked for ahead).
+std::optional<PoolRowsAhead> rows_ahead(const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                                        const torch::Tensor& context_slots, const torch::Tensor& col_start,
+                                        const torch::Tensor& col_end) {
+  const auto is_index = [](const torch::Tensor& t, int64_t dims) {
+    return t.dim() == dims && t.scalar_type() == at::kLong && t.is_contiguous();
+  };
+  if (!is_index(context_slots, 2) || !is_index(col_start, 1) || !is_index(col_end, 1) || k_pool.dim() != 3 ||
+      !k_pool.is_contiguous() || !v_pool.is_contiguous() || v_pool.sizes() != k_pool.sizes() ||
+      col_start.size(0) != context_slots.size(0) || col_end.size(0) != context_slots.size(0))
+    return std::nullopt;
+  return PoolRowsAhead{context_slots.data_ptr<int64_t>(), context_slots.size(0), context_slots.size(1),
+                       col_start.data_ptr<int64_t>(), col_end.data_ptr<int64_t>(),
+                       static_cast<const char*>(k_pool.data_ptr()), static_cast<const char*>(v_pool.data_ptr()),
+                       k_pool.size(1) * k_pool.size(2) * static_cast<int64_t>(k_pool.element_size())};
+}
+
+// The last-level cache's size as the kernel reports it to this machine (/sys: what lscpu prints; glibc's sysconf
+// reports the whole host's L3 inside a VM: 384 MB on the 32 MB EPYC VM of perf/ISSUE16.md), 32 MB where unknown.
+int64_t last_level_cache_bytes() {
+  static const int64_t bytes = [] {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
+    int64_t n = 0;
+    char unit = 0;
+    if (!(in >> n) || n <= 0) return int64_t{32} << 20;
+    in >> unit;
+    return unit == 'M' ? n << 20 : unit == 'K' ? n << 10 : n;
+  }();
+  return bytes;
+}
+
+// Whether a step's GEMV weights outgrow the last-level cache: only then do the K/V rows it reads leave the caches
+// between steps, and asking for them ahead pays (the demo model's, a few MB, stay: 1.007-1.020x its step with them).
+bool weights_outgrow_cache(const std::vector<torch::Tensor>& weights, size_t layers) {
+  int64_t bytes = 0;
+  for (size_t l = 0; l < layers; ++l)
+    for (const auto slot : {kQkvGemv, kDenseGemv, kFcGemv, kProjGemv})
+      if (present(weights[l * kPerLayer + slot])) bytes += weights[l * kPerLayer + slot].nbytes();
+  return bytes > last_level_cache_bytes();
+}
+
 // Every slot of the step inside every pool (rotate_and_store_rows writes there unchecked): once, before the layers.
 void check_slots(const torch::Tensor& slots, const std::vector<torch::Tensor>& k_caches,
                  const std::vector<torch::Tensor>& v_caches) {
@@ -156,6 +202,32 @@ void check_slots(const torch::Tensor& slots, const std::vector<torch::Tensor>& k
 }
 
 }  // namespace
+
+// The lines rows_ahead's PoolLines walks for sequences [first, last), as (pool: 0 K, 1 V; byte offset from that
+// pool's first byte) rows, for tests (tests/unit/model/test_pool_lines.py); (0, 2) where rows_ahead gives nothing.
+torch::Tensor pool_lines(const torch::Tensor& k_pool, const torch::Tensor& v_pool, const torch::Tensor& context_slots,
+                         const torch::Tensor& col_start, const torch::Tensor& col_end, int64_t first, int64_t last) {
+  std::vector<int64_t> out;
+  const auto rows = rows_ahead(k_pool, v_pool, context_slots, col_start, col_end);
+  if (rows) {
+    for (PoolLines lines(*rows, first, last); !lines.done();) {
+      const bool in_v = lines.at_v();
+      const char* at = lines.next();
+      out.push_back(in_v ? 1 : 0);
+      out.push_back(at - (in_v ? rows->v : rows->k));
+    }
+  }
+  return torch::tensor(out, torch::kLong).view({-1, 2});
+}
+
+// bf16_gemv asking for those lines as it runs, for tests: the same bits as without.
+torch::Tensor bf16_gemv_rows_ahead(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& k_pool,
+                                   const torch::Tensor& v_pool, const torch::Tensor& context_slots,
+                                   const torch::Tensor& col_start, const torch::Tensor& col_end) {
+  const auto rows = rows_ahead(k_pool, v_pool, context_slots, col_start, col_end);
+  TORCH_CHECK(rows.has_value(), "bf16_gemv_rows_ahead: the pools and indices as paged_decode takes them");
+  return bf16_gemv(x, packed, torch::Tensor(), torch::Tensor(), &*rows);
+}
 
 // rotate_and_store for the Python layers (decoder.Attention.rotate_store: a prefill's rows, or any step the compiled
 // layers do not take): the slots checked against the pools first; nullopt where it does not apply.
@@ -257,6 +329,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
   check_slots(slot_mapping, k_caches, v_caches);
   const bool short_rows = x.size(1) < at::internal::GRAIN_SIZE;
   const RowOps rows{norm_rows_exact() && short_rows, silu_rows_exact() && short_rows, eps, weight_f32};
+  const bool ask_ahead = weights_outgrow_cache(weights, layers);
   torch::Tensor pending;  // the last layer's MLP output, added to x with the next layer's input norm
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = &weights[l * kPerLayer];
@@ -287,7 +360,11 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     auto hidden = rows.gated(packed_linear(mlp_in, w[kFc], torch::Tensor(), w[kFcGemv], w[kProjGemv]), dims[4],
                              fused_mlp);
     const auto next_qkv = l + 1 < layers ? weights[(l + 1) * kPerLayer + kQkvGemv] : torch::Tensor();
-    auto mlp = packed_linear(hidden, w[kProj], torch::Tensor(), w[kProjGemv], next_qkv);
+    // proj asks for the next layer's K/V rows while it runs (pool_lines.h says why there)
+    std::optional<PoolRowsAhead> ahead;
+    if (ask_ahead && l + 1 < layers)
+      ahead = rows_ahead(k_caches[l + 1], v_caches[l + 1], context_slots, col_starts[l + 1], col_ends[l + 1]);
+    auto mlp = packed_linear(hidden, w[kProj], torch::Tensor(), w[kProjGemv], next_qkv, ahead ? &*ahead : nullptr);
     pending = sandwich ? rows.norm(mlp, w[kPostMlpNorm]) : mlp;
   }
   if (pending.defined()) x = x + pending;

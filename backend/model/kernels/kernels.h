@@ -4,6 +4,8 @@
 #pragma once
 #include <torch/types.h>
 
+#include "pool_lines.h"
+
 #include <optional>
 #include <vector>
 
@@ -26,6 +28,15 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
                             const torch::Tensor& sin_signed, const torch::Tensor& context_slots,
                             const std::vector<int64_t>& dims, const std::vector<double>& scalars);
 
+// decode_layers.cpp: the lines the proj GEMV asks for ahead of the next layer's attention, for tests: (pool: 0 K,
+// 1 V; byte offset from that pool's first byte) per line, sequences [first, last) (pool_lines.h).
+torch::Tensor pool_lines(const torch::Tensor& k_pool, const torch::Tensor& v_pool, const torch::Tensor& context_slots,
+                         const torch::Tensor& col_start, const torch::Tensor& col_end, int64_t first, int64_t last);
+// ... and bf16_gemv asking for them (for tests).
+torch::Tensor bf16_gemv_rows_ahead(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& k_pool,
+                                   const torch::Tensor& v_pool, const torch::Tensor& context_slots,
+                                   const torch::Tensor& col_start, const torch::Tensor& col_end);
+
 // causal_prefill.cpp: causal attention of prompts prefilled from position 0, bf16 products (AVX-512 BF16 CPUs).
 bool causal_prefill_available();
 torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -34,10 +45,11 @@ torch::Tensor causal_prefill(const torch::Tensor& q, const torch::Tensor& k, con
 // bf16_gemv.cpp: a bf16 linear of 1 to kGemvMaxRows rows over weights interleaved by bf16_gemv.py (AVX-512 BF16
 // CPUs); more rows go to oneDNN (bf16_gemv.py's MAX_ROWS mirrors it).
 constexpr int64_t kGemvMaxRows = 16;
-// then: the interleaved copy of the bf16 linear that runs next (decode_layers.cpp), or an empty tensor.
+// then: the interleaved copy of the bf16 linear that runs next (decode_layers.cpp), or an empty tensor; ahead: pool
+// rows the next attention reads, asked for meanwhile (pool_lines.h), or nullptr.
 bool bf16_gemv_available();
 torch::Tensor bf16_gemv(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
-                        const torch::Tensor& then = torch::Tensor());
+                        const torch::Tensor& then = torch::Tensor(), const PoolRowsAhead* ahead = nullptr);
 
 // f32_gemv.cpp: a float32 linear of 1 to kGemvMaxRows rows over its row-major weight (AVX2 + FMA CPUs).
 bool f32_gemv_available();
