@@ -72,9 +72,11 @@ struct Prefetch {
 };
 
 // out[m * ldo + j] = dot(row j of w, row m of x) + bias[j] for MT rows of x (ldx apart), NT rows of w (K apart),
-// W: float or uint16_t (bf16 bits); asking for the lines of `ahead` as it goes.
+// W: float or uint16_t (bf16 bits); asking for the lines of `ahead` as it goes. Not inlined (as GCC chooses today):
+// inlined into a larger caller, its 12 accumulators went to the stack once, 1.47x the 125M model's batch-16 float32
+// step (perf/ISSUE16.md, "The next layer's K/V rows asked for during proj").
 template <int64_t MT, int64_t NT, typename W>
-void block_dots(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, const float* bias,
+__attribute__((noinline)) void block_dots(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, const float* bias,
                 Prefetch ahead) {
   __m256 acc[MT][NT];
   for (int64_t m = 0; m < MT; ++m)
