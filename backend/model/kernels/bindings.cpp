@@ -3,6 +3,7 @@
 // the model process's other Python threads (the served engine's response sends) must run meanwhile.
 #include "kernels.h"
 
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -41,5 +42,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul_bf16_rows", &silu_mul_bf16_rows,
         "bf16 [gate | up] rows -> bf16(silu(gate) * up) (ATen's bits under silu_rows_exact)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("aten_grain_size", [] { return at::internal::GRAIN_SIZE; },
+        "ATen's at::internal::GRAIN_SIZE: the elements a parallel ATen kernel leaves to one thread");
   m.def("f32_gemv_available", &f32_gemv_available, "whether f32_gemv was compiled (the CPU has AVX2 + FMA)");
 }

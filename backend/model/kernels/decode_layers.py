@@ -27,18 +27,18 @@ from backend.model.prepacked_linear import PrepackedLinear
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_layers.cpp's activation codes
 _ABSENT = torch.empty(0)
-GRAIN = 32768  # ATen's at::internal::GRAIN_SIZE: a lone row this long may be summed in parts between threads
 
 
-def one_pass_norms(model: CausalLM, rms_norm_rows) -> int:
-    """Give the model's float32 norms over rows shorter than ATen's grain row_ops.cpp's one-pass form (RMSNorm.one_pass)
-    where it gives ATen's bits (the caller asks norm_rows_exact()): the final norm of every step and the prefill's
-    norms, which the compiled decode layers do not run. Returns how many norms took it.
+def one_pass_norms(model: CausalLM, rms_norm_rows, grain: int) -> int:
+    """Give the model's float32 norms over rows shorter than ATen's grain (at::internal::GRAIN_SIZE, from the
+    extension: a lone row that long may be summed in parts between threads) row_ops.cpp's one-pass form
+    (RMSNorm.one_pass) where it gives ATen's bits (the caller asks norm_rows_exact()): the final norm of every step and
+    the prefill's norms, which the compiled decode layers do not run. Returns how many norms took it.
 
     Why: the final norm's six ATen operations took ~0.1-0.2 ms of a 125M decode step on caches the step's weights had
     just evicted; a 2,048-token prefill's 24 norms ~0.3 ms each (perf/ISSUE16.md)."""
     norms = [m for m in model.modules() if isinstance(m, RMSNorm) and m.weight.dtype == torch.float32
-             and m.weight.is_contiguous() and m.weight.numel() < GRAIN]
+             and m.weight.is_contiguous() and m.weight.numel() < grain]
     for norm in norms:
         norm.one_pass = rms_norm_rows
     return len(norms)
@@ -121,7 +121,7 @@ class NativeDecodeLayers:
         self.kernels = load()
         one_pass_rotary(model, self.kernels.rotate_and_store)
         if self.kernels.norm_rows_exact():
-            one_pass_norms(model, self.kernels.rms_norm_rows)
+            one_pass_norms(model, self.kernels.rms_norm_rows, self.kernels.aten_grain_size())
         if self.kernels.silu_rows_exact():
             one_pass_mlps(model, self.kernels.silu_mul_bf16_rows)
 
