@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -168,19 +169,22 @@ void strip_rows(const uint16_t* strip, const uint16_t* xs, int64_t M, int64_t Kp
   }
 }
 
-// Where this thread's first strip of a product of `strips` lies: at::parallel_for's static ranges (OpenMP: as many
-// threads as strips allow, divup(strips, threads) strips each) put each thread at the same place in every call.
-int64_t first_strip(int64_t strips) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), strips);
-  return at::get_thread_num() * ((strips + threads - 1) / threads);
+// This thread's range [first, first + size) of an at::parallel_for over n items, grain 1: its static ranges (OpenMP:
+// as many threads as items allow, divup(n, threads) items each) put each thread at the same place in every call.
+std::pair<int64_t, int64_t> thread_range(int64_t n) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n), size = (n + threads - 1) / threads;
+  return {at::get_thread_num() * size, size};
 }
 
+// Where this thread's first strip of a product of `strips` lies (thread_range).
+int64_t first_strip(int64_t strips) { return thread_range(strips).first; }
+
 // This thread's share of `ahead`: the sequences paged_decode's at::parallel_for over them gives the same thread
-// number (first_strip's static ranges), so that their lines come to the core that attends to them.
+// number (thread_range), so that their lines come to the core that attends to them.
 PoolLines thread_lines(const PoolRowsAhead* ahead) {
   if (ahead == nullptr || ahead->B == 0) return PoolLines();
-  const int64_t first = first_strip(ahead->B), threads = std::min<int64_t>(at::get_num_threads(), ahead->B);
-  return PoolLines(*ahead, first, first + (ahead->B + threads - 1) / threads);
+  const auto [first, size] = thread_range(ahead->B);
+  return PoolLines(*ahead, first, first + size);
 }
 
 }  // namespace

@@ -76,8 +76,8 @@ struct Prefetch {
 // inlined into a larger caller, its 12 accumulators went to the stack once, 1.47x the 125M model's batch-16 float32
 // step (perf/ISSUE16.md, "The next layer's K/V rows asked for during proj").
 template <int64_t MT, int64_t NT, typename W>
-__attribute__((noinline)) void block_dots(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo, const float* bias,
-                Prefetch ahead) {
+__attribute__((noinline)) void block_dots(const W* w, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo,
+                                          const float* bias, Prefetch ahead) {
   __m256 acc[MT][NT];
   for (int64_t m = 0; m < MT; ++m)
     for (int64_t j = 0; j < NT; ++j) acc[m][j] = _mm256_setzero_ps();
